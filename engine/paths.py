@@ -1,0 +1,37 @@
+"""Where Arbor keeps its files. One override, ARBOR_HOME, moves all of them (tests use it)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+import platformdirs
+
+APP_NAME = "Arbor"
+HOME_ENV = "ARBOR_HOME"
+
+
+@dataclass(frozen=True)
+class DataDirs:
+    data: Path  # conversations database, models/
+    cache: Path  # checkpoint disk tier, file-hash cache
+    config: Path  # settings
+
+    @property
+    def models(self) -> Path:
+        return self.data / "models"
+
+
+def data_dirs(base: Path | str | None = None) -> DataDirs:
+    """The directories to use: under `base` or $ARBOR_HOME if given, else the platform's."""
+    if base is None and os.environ.get(HOME_ENV):
+        base = os.environ[HOME_ENV]
+    if base is not None:
+        root = Path(base)
+        return DataDirs(data=root / "data", cache=root / "cache", config=root / "config")
+    return DataDirs(
+        data=Path(platformdirs.user_data_dir(APP_NAME, appauthor=False)),
+        cache=Path(platformdirs.user_cache_dir(APP_NAME, appauthor=False)),
+        config=Path(platformdirs.user_config_dir(APP_NAME, appauthor=False)),
+    )

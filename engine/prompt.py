@@ -1,0 +1,183 @@
+"""Turning a path of the tree into tokens, node by node, with the model's own chat template.
+
+Each node keeps the tokens it was first rendered to (DESIGN.md, "Tokens belong to nodes"): a
+node's slice is what the template adds when that node is appended to its ancestors. A path's
+tokens are its nodes' tokens plus the generation prompt, so a path's prefix never changes when
+the conversation grows, whatever the template does to earlier turns.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from engine.errors import ArborError
+from engine.tree import Node, Role
+
+log = logging.getLogger(__name__)
+
+# Used when a GGUF carries no template: the ChatML format most small chat models speak.
+CHATML_TEMPLATE = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + "
+    "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+_SENTINEL = "\u2063ARBOR-SENTINEL\u2063"
+
+
+class TemplateError(ArborError):
+    """The model's chat template failed to render the conversation."""
+
+
+class ChatTemplate:
+    """A Jinja chat template rendered the way Hugging Face tokenizers render it."""
+
+    def __init__(self, source: str, *, bos_text: str = "", eos_text: str = "") -> None:
+        env = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, undefined=jinja2.ChainableUndefined
+        )
+        env.globals["raise_exception"] = _raise_template_exception
+        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        try:
+            self._template = env.from_string(source)
+        except jinja2.TemplateError as exc:
+            raise TemplateError(f"the model's chat template is invalid: {exc}") from exc
+        self.source = source
+        self._bos_text = bos_text
+        self._eos_text = eos_text
+
+    def render(self, messages: Sequence[dict[str, str]], *, add_generation_prompt: bool) -> str:
+        try:
+            return self._template.render(
+                messages=list(messages),
+                add_generation_prompt=add_generation_prompt,
+                bos_token=self._bos_text,
+                eos_token=self._eos_text,
+            )
+        except TemplateError:
+            raise
+        except Exception as exc:  # a template may fail in many ways on unexpected input
+            raise TemplateError(f"the model's chat template failed: {exc}") from exc
+
+
+def _raise_template_exception(message: str) -> None:
+    raise TemplateError(f"the model's chat template refused the conversation: {message}")
+
+
+@dataclass(frozen=True)
+class Tokenizer:
+    """The two calls prompt building needs from a loaded model."""
+
+    tokenize: Callable[[str], list[int]]  # text with special tokens parsed, no BOS added
+    bos: int | None  # the BOS token to put first, when the model wants one
+
+
+class PromptBuilder:
+    """Renders nodes into tokens and assembles the target sequence for a generation."""
+
+    def __init__(self, template: ChatTemplate, tokenizer: Tokenizer) -> None:
+        self._template = template
+        self._tok = tokenizer
+        self._reply_frame = self._find_reply_frame()
+
+    # --- node tokens -------------------------------------------------------------------
+
+    def ensure_tokens(self, path: Sequence[Node]) -> None:
+        """Give every node of `path` that has none its tokens (its slice of the template)."""
+        for index, node in enumerate(path):
+            if node.tokens is None:
+                node.tokens = tuple(self._render_node(path, index))
+
+    def path_tokens(self, path: Sequence[Node]) -> list[int]:
+        self.ensure_tokens(path)
+        out: list[int] = []
+        for node in path:
+            assert node.tokens is not None
+            out.extend(node.tokens)
+        return out
+
+    def target(self, path: Sequence[Node]) -> list[int]:
+        """The tokens to prepare before generating a reply to the last node of `path`."""
+        return self.path_tokens(path) + self.generation_prompt(path)
+
+    def generation_prompt(self, path: Sequence[Node]) -> list[int]:
+        messages = _messages(path)
+        with_prompt = self._template.render(messages, add_generation_prompt=True)
+        without = self._template.render(messages, add_generation_prompt=False)
+        if not with_prompt.startswith(without):
+            log.warning("chat template: generation prompt is not a suffix; using the difference")
+        return self._tok.tokenize(with_prompt[_common_prefix_len(with_prompt, without):])
+
+    def reply_tokens(self, path: Sequence[Node], generated: Sequence[int], text: str) -> list[int]:
+        """The tokens of a reply generated after `path`: exactly what the model produced.
+
+        The generation prompt and the generated tokens are kept as they were, followed by the
+        template's closing text (e.g. `<|im_end|>\\n`), so the live cache after a reply is a
+        prefix of the next prompt, even for recurrent models.
+        """
+        if self._reply_frame is None:
+            reply = Node(id=-1, parent=None, role=Role.ASSISTANT, text=text, created=0.0)
+            return self._render_node([*path, reply], len(path))
+        closing = self._reply_frame[1]
+        return self.generation_prompt(path) + list(generated) + self._tok.tokenize(closing)
+
+    # --- internals ---------------------------------------------------------------------
+
+    def _render_node(self, path: Sequence[Node], index: int) -> list[int]:
+        before = self._render_messages(path[:index])
+        after = self._render_messages(path[: index + 1])
+        cut = len(before)
+        if not after.startswith(before):
+            cut = _common_prefix_len(before, after)
+            log.warning("chat template rewrote earlier turns; node keeps only its new text")
+        tokens = self._tok.tokenize(after[cut:])
+        if index == 0 and self._tok.bos is not None and tokens[:1] != [self._tok.bos]:
+            tokens.insert(0, self._tok.bos)
+        return tokens
+
+    def _render_messages(self, path: Sequence[Node]) -> str:
+        messages = _messages(path)
+        if not messages:
+            return ""
+        return self._template.render(messages, add_generation_prompt=False)
+
+    def _find_reply_frame(self) -> tuple[str, str] | None:
+        """The text the template puts before and after an assistant reply's content."""
+        probe = [{"role": "user", "content": "Hi"}]
+        try:
+            before = self._template.render(probe, add_generation_prompt=False)
+            after = self._template.render(
+                [*probe, {"role": "assistant", "content": _SENTINEL}],
+                add_generation_prompt=False,
+            )
+        except TemplateError as exc:
+            log.warning("chat template: cannot find the reply frame (%s)", exc)
+            return None
+        piece = after[_common_prefix_len(before, after):]
+        if piece.count(_SENTINEL) != 1:
+            log.warning("chat template rewrites reply text; replies will be re-rendered")
+            return None
+        opening, closing = piece.split(_SENTINEL)
+        return opening, closing
+
+
+def _messages(path: Sequence[Node]) -> list[dict[str, str]]:
+    out: list[dict[str, str]] = []
+    for node in path:
+        if node.role is Role.SYSTEM and not node.text:
+            continue  # no system prompt: let the template apply its own default
+        out.append({"role": node.role.value, "content": node.text})
+    return out
+
+
+def _common_prefix_len(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i

@@ -1,0 +1,120 @@
+"""Drive a scenario headless on a real model and report every step (`python -m engine replay`)."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import asdict
+from enum import StrEnum
+from importlib import metadata
+from typing import Any
+
+from engine.model import file_sha256, resolve_model
+from engine.runtime import Runtime, RuntimeSettings
+from engine.scenario import Op, Scenario, ScenarioError, Step
+from engine.session import GenerationOptions, Session, StepReport
+from engine.tree import TreeError
+
+log = logging.getLogger(__name__)
+
+
+class CacheMode(StrEnum):
+    CHECKPOINTS = "checkpoints"  # reuse the live cache (and checkpoints) wherever valid
+    NONE = "none"  # clear the context and decode the whole prompt at every step
+
+
+def check_supported(scenario: Scenario) -> None:
+    """Refuse, before loading anything, steps this build cannot perform."""
+    for step in scenario.steps:
+        if step.op is Op.EXPORT:
+            raise ScenarioError(
+                f"{step.describe()}: session files are not part of this build yet"
+            )
+
+
+def replay(
+    scenario: Scenario,
+    *,
+    model: str | None = None,
+    cache: CacheMode = CacheMode.CHECKPOINTS,
+    runtime_settings: RuntimeSettings | None = None,
+) -> dict[str, Any]:
+    """Run every step and return the report (a JSON-ready dict)."""
+    check_supported(scenario)
+    path = resolve_model(model or scenario.model, base=scenario.base_dir)
+    settings = runtime_settings or RuntimeSettings(n_ctx=scenario.n_ctx, n_batch=scenario.n_batch)
+    runtime = Runtime(path, settings)
+    try:
+        session = Session(
+            runtime,
+            system=scenario.system,
+            sampling=scenario.sampling,
+            seed=scenario.seed,
+            use_cache=cache is CacheMode.CHECKPOINTS,
+        )
+        steps = [_step_dict(run_step(session, step)) for step in scenario.steps]
+        return {
+            "model": model_report(runtime),
+            "cache": cache.value,
+            "seed": scenario.seed,
+            "steps": steps,
+            "notices": list(runtime.notices),
+        }
+    finally:
+        runtime.close()
+
+
+def run_step(session: Session, step: Step) -> StepReport:
+    tree = session.tree
+    options = GenerationOptions(max_tokens=step.max_tokens)
+    try:
+        match step.op:
+            case Op.SEND:
+                assert step.text is not None
+                return session.send(step.text, options)
+            case Op.REGENERATE:
+                return session.regenerate(options)
+            case Op.EDIT:
+                assert step.message is not None and step.text is not None
+                return session.edit(tree.message(step.message).id, step.text, options)
+            case Op.SWITCH:
+                assert step.message is not None and step.variant is not None
+                return session.switch(tree.message(step.message).id, step.variant)
+            case Op.REWIND:
+                assert step.message is not None
+                return session.rewind(tree.message(step.message).id)
+            case Op.EXPORT:
+                raise ScenarioError(f"{step.describe()}: session files are not part of this build")
+    except TreeError as exc:
+        raise ScenarioError(f"{step.describe()}: {exc}") from exc
+    raise AssertionError(step.op)
+
+
+def model_report(runtime: Runtime) -> dict[str, Any]:
+    model = runtime.model
+    params = runtime.ctx.params
+    return {
+        "name": model.info.name,
+        "path": str(model.path),
+        "file_sha256": file_sha256(model.path),
+        "architecture": model.info.architecture,
+        "memory_kind": runtime.memory_kind.value,
+        "n_swa": runtime.n_swa,
+        "swa_full": params.swa_full,
+        "n_ctx": runtime.n_ctx,
+        "n_batch": runtime.n_batch,
+        "n_params": model.n_params,
+        "size_bytes": model.info.size_bytes,
+        "backend": runtime.backend,
+        "llama_cpp_python": metadata.version("llama-cpp-python"),
+    }
+
+
+def _step_dict(report: StepReport) -> dict[str, Any]:
+    out = asdict(report)
+    for key in ("prefill_ms", "ttft_ms"):
+        if out[key] is not None:
+            out[key] = round(out[key], 2)
+    for key in ("source", "finish"):
+        if out[key] is not None:
+            out[key] = str(out[key])
+    return out

@@ -1,0 +1,221 @@
+"""The facade the app and the command line use: one conversation tree on one runtime.
+
+Every operation a user can do to a conversation is a method here, and every method that runs
+the model returns a `StepReport` saying exactly what was reused and what was decoded.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from engine.errors import Cancelled
+from engine.llama import SamplingParams
+from engine.prompt import CHATML_TEMPLATE, ChatTemplate, PromptBuilder, Tokenizer
+from engine.runtime import (
+    CancelFn,
+    FinishReason,
+    Generation,
+    PrepareReport,
+    ProgressFn,
+    Runtime,
+    Source,
+)
+from engine.tree import Node, NodeStatus, Role, Tree, TreeError
+
+log = logging.getLogger(__name__)
+
+TextFn = Callable[[str], None]
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """What one operation did. Prompt fields are None when the step ran no model."""
+
+    op: str
+    node_id: int | None = None
+    prompt_tokens: int | None = None
+    reused_tokens: int | None = None
+    decoded_tokens: int | None = None
+    source: Source | None = None
+    checkpoint_pos: int | None = None
+    prefill_ms: float | None = None
+    ttft_ms: float | None = None
+    generated_tokens: int | None = None
+    text: str | None = None
+    finish: FinishReason | None = None
+
+
+@dataclass
+class GenerationOptions:
+    max_tokens: int = 512
+    seed: int | None = None  # None: the session's seed plus its generation count
+    on_progress: ProgressFn | None = None
+    on_text: TextFn | None = None
+    cancel: CancelFn | None = None
+
+
+class Session:
+    """A conversation tree bound to a runtime.
+
+    `use_cache=False` clears the context before every prompt and decodes it whole: the
+    reference every cached answer must equal.
+    """
+
+    def __init__(
+        self,
+        runtime: Runtime,
+        tree: Tree | None = None,
+        *,
+        system: str = "",
+        sampling: SamplingParams | None = None,
+        seed: int = 0,
+        use_cache: bool = True,
+    ) -> None:
+        self.runtime = runtime
+        self.tree = tree if tree is not None else Tree(system)
+        self.sampling = sampling or SamplingParams()
+        self.seed = seed
+        self.use_cache = use_cache
+        self.generations = 0
+        model = runtime.model
+        source = model.chat_template()
+        if source is None:
+            log.warning("%s has no chat template; using ChatML", model.path.name)
+            source = CHATML_TEMPLATE
+        template = ChatTemplate(source, bos_text=model.bos_text, eos_text=model.eos_text)
+        self.prompts = PromptBuilder(template, Tokenizer(tokenize=model.tokenize, bos=model.bos))
+
+    # --- operations --------------------------------------------------------------------
+
+    def send(self, text: str, options: GenerationOptions | None = None) -> StepReport:
+        """Add a user message at the active leaf and generate its reply."""
+        self.tree.add_child(self.tree.active_leaf, Role.USER, text)
+        return self._reply("send", options or GenerationOptions())
+
+    def regenerate(self, options: GenerationOptions | None = None) -> StepReport:
+        """A new reply to the last user message on the active path; the old one is kept."""
+        path = self.tree.active_path()
+        last = path[-1]
+        if last.role is Role.ASSISTANT:
+            assert last.parent is not None
+            self.tree.set_active(last.parent)
+        elif last.role is not Role.USER:
+            raise TreeError("there is no message to regenerate a reply to")
+        return self._reply("regenerate", options or GenerationOptions())
+
+    def edit(self, node_id: int, text: str, options: GenerationOptions | None = None) -> StepReport:
+        """A new version of a message. A user message gets a new reply; an assistant
+        message just takes the given text. The old version stays as a sibling."""
+        node = self.tree.node(node_id)
+        if node.role is Role.SYSTEM:
+            raise TreeError("the system prompt is not a message; it cannot be edited here")
+        new = self.tree.add_sibling(node_id, text)
+        if new.role is Role.USER:
+            return self._reply("edit", options or GenerationOptions())
+        return StepReport(op="edit", node_id=new.id, text=text)
+
+    def switch(self, node_id: int, variant: int) -> StepReport:
+        leaf = self.tree.switch_variant(node_id, variant)
+        return StepReport(op="switch", node_id=leaf)
+
+    def rewind(self, node_id: int) -> StepReport:
+        self.tree.rewind(node_id)
+        return StepReport(op="rewind", node_id=node_id)
+
+    def delete_branch(self, node_id: int) -> StepReport:
+        self.tree.delete_branch(node_id)
+        return StepReport(op="delete", node_id=self.tree.active_leaf)
+
+    def continue_reply(self, options: GenerationOptions | None = None) -> StepReport:
+        """Generate a reply to the active leaf if it is a user message (after a rewind)."""
+        if self.tree.node(self.tree.active_leaf).role is not Role.USER:
+            raise TreeError("the active message is not a user message")
+        return self._reply("reply", options or GenerationOptions())
+
+    # --- the work ----------------------------------------------------------------------
+
+    def _reply(self, op: str, options: GenerationOptions) -> StepReport:
+        """Prepare the active path's prompt and generate a reply as a new active leaf."""
+        path = self.tree.active_path()
+        target = self.prompts.target(path)
+        prepared = self._prepare(target, options)
+        seed = options.seed if options.seed is not None else self.seed + self.generations
+        self.generations += 1
+        reply = self.tree.add_child(path[-1].id, Role.ASSISTANT, "", status=NodeStatus.STREAMING)
+        produced: list[int] = []
+
+        def on_token(token: int, piece: str) -> None:
+            produced.append(token)
+            reply.text += piece
+            if options.on_text:
+                options.on_text(piece)
+
+        try:
+            generation = self.runtime.generate(
+                max_tokens=options.max_tokens,
+                sampling=self.sampling,
+                seed=seed,
+                on_token=on_token,
+                cancel=options.cancel,
+            )
+        except BaseException:
+            self._finish_reply(reply, path, None, produced)
+            raise
+        self._finish_reply(reply, path, generation, generation.tokens)
+        return _report(op, reply, prepared, generation)
+
+    def _prepare(self, target: list[int], options: GenerationOptions) -> PrepareReport:
+        if not self.use_cache:
+            self.runtime.clear()
+        return self.runtime.prepare(
+            target,
+            use_live=self.use_cache,
+            on_progress=options.on_progress,
+            cancel=options.cancel,
+        )
+
+    def _finish_reply(
+        self,
+        reply: Node,
+        path: list[Node],
+        generation: Generation | None,
+        generated: list[int] | tuple[int, ...],
+    ) -> None:
+        if generation is None or generation.finish is FinishReason.CANCELLED:
+            if not reply.text:
+                self.tree.delete_branch(reply.id)  # nothing was said: leave no empty reply
+                return
+            reply.status = NodeStatus.INTERRUPTED
+        else:
+            reply.status = NodeStatus.COMPLETE
+        if generation is not None:
+            reply.text = generation.text
+        reply.tokens = tuple(self.prompts.reply_tokens(path, generated, reply.text))
+        reply.meta["finish"] = (
+            generation.finish.value if generation is not None else FinishReason.CANCELLED.value
+        )
+
+
+def _report(op: str, reply: Node, prepared: PrepareReport, generation: Generation) -> StepReport:
+    ttft = None
+    if generation.ttft_ms is not None:
+        ttft = prepared.prefill_ms + generation.ttft_ms
+    return StepReport(
+        op=op,
+        node_id=reply.id,
+        prompt_tokens=prepared.prompt_tokens,
+        reused_tokens=prepared.reused_tokens,
+        decoded_tokens=prepared.decoded_tokens,
+        source=prepared.source,
+        checkpoint_pos=prepared.checkpoint_pos,
+        prefill_ms=prepared.prefill_ms,
+        ttft_ms=ttft,
+        generated_tokens=len(generation.tokens),
+        text=generation.text,
+        finish=generation.finish,
+    )
+
+
+__all__ = ["Cancelled", "GenerationOptions", "Session", "StepReport"]

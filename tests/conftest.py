@@ -1,0 +1,58 @@
+"""Shared fixtures: real llama.cpp on tiny generated models and on the bundled SmolLM2."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from engine.model import MemoryKind, default_model_path
+from engine.runtime import Runtime, RuntimeSettings
+from tests.fixtures.gguf_models import ModelKind, write_tiny_model
+
+# Tests never touch the real home: every Arbor location goes under a temporary folder.
+os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+
+ALL_KINDS = list(MemoryKind)
+
+
+@pytest.fixture(autouse=True)
+def _arbor_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    home = tmp_path / "arbor-home"
+    monkeypatch.setenv("ARBOR_HOME", str(home))
+    return home
+
+
+@pytest.fixture(scope="session")
+def smollm2_path() -> Path:
+    return default_model_path()
+
+
+@pytest.fixture(scope="session")
+def tiny_models(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> dict[str, Path]:
+    """One tiny random-weight GGUF per memory kind, written once per test session."""
+    out = tmp_path_factory.mktemp("models")
+    return {
+        kind.value: write_tiny_model(ModelKind(kind.value), out / f"tiny-{kind.value}.gguf", smollm2_path)
+        for kind in ALL_KINDS
+    }
+
+
+RuntimeFactory = Callable[..., Runtime]
+
+
+@pytest.fixture
+def make_runtime() -> Iterator[RuntimeFactory]:
+    """Open runtimes and close them all at the end of the test."""
+    opened: list[Runtime] = []
+
+    def factory(path: Path, **settings: object) -> Runtime:
+        runtime = Runtime(path, RuntimeSettings(**settings))  # type: ignore[arg-type]
+        opened.append(runtime)
+        return runtime
+
+    yield factory
+    for runtime in opened:
+        runtime.close()

@@ -1,0 +1,260 @@
+"""The runtime on real llama.cpp: memory kinds, live reuse, cancellation, errors."""
+
+from __future__ import annotations
+
+import random
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine.errors import Cancelled, ContextOverflowError, ModelLoadError, ModelNotFoundError
+from engine.llama import ContextParams, SamplingParams, supports_gpu_offload
+from engine.model import MemoryKind
+from engine.runtime import FinishReason, Runtime, Source
+from tests.conftest import ALL_KINDS, RuntimeFactory
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+def _tokens(n: int, seed: int = 0) -> list[int]:
+    """A reproducible stream of ordinary (non-special) tokens."""
+    rng = random.Random(seed)
+    return [rng.randrange(200, 40000) for _ in range(n)]
+
+
+def _fresh_logits(runtime: Runtime, target: list[int]) -> np.ndarray:
+    runtime.clear()
+    report = runtime.prepare(target)
+    assert report.reused_tokens == 0
+    return runtime.last_logits()
+
+
+@pytest.mark.parametrize("kind", ALL_KINDS, ids=lambda k: k.value)
+def test_memory_kind_comes_from_llama_cpp(
+    kind: MemoryKind, tiny_models: dict[str, Path], make_runtime: RuntimeFactory
+) -> None:
+    runtime = make_runtime(tiny_models[kind.value], n_ctx=512, n_batch=64)
+    assert runtime.memory_kind.value == kind.value
+    assert (runtime.n_swa > 0) == (kind is MemoryKind.SLIDING_WINDOW)
+
+
+def test_a_sliding_window_model_with_a_full_cache_behaves_dense(
+    tiny_models: dict[str, Path], make_runtime: RuntimeFactory
+) -> None:
+    runtime = make_runtime(
+        tiny_models["sliding_window"], n_ctx=512, n_batch=64, context=ContextParams(swa_full=True)
+    )
+    assert runtime.memory_kind is MemoryKind.DENSE
+
+
+@pytest.mark.parametrize("kind", ALL_KINDS, ids=lambda k: k.value)
+def test_a_follow_up_reuses_the_whole_live_cache_with_identical_logits(
+    kind: MemoryKind, tiny_models: dict[str, Path], make_runtime: RuntimeFactory
+) -> None:
+    runtime = make_runtime(tiny_models[kind.value], n_ctx=1024, n_batch=64)
+    first = _tokens(150)
+    runtime.prepare(first)
+    generation = runtime.generate(max_tokens=8, sampling=GREEDY, seed=1)
+    live = list(runtime.live_tokens)
+    assert live[: len(first)] == first and len(live) == len(first) + len(generation.tokens) - 1
+    target = live + [generation.tokens[-1], *_tokens(40, seed=2)]
+    report = runtime.prepare(target)
+    assert report.source is Source.LIVE
+    assert report.reused_tokens == len(live)
+    assert report.decoded_tokens == len(target) - len(live)
+    cached = runtime.last_logits()
+    assert np.array_equal(cached, _fresh_logits(runtime, target))
+
+
+@pytest.mark.parametrize("kind", ALL_KINDS, ids=lambda k: k.value)
+def test_going_back_reuses_only_what_the_memory_kind_can_keep(
+    kind: MemoryKind, tiny_models: dict[str, Path], make_runtime: RuntimeFactory
+) -> None:
+    runtime = make_runtime(tiny_models[kind.value], n_ctx=1024, n_batch=64)
+    runtime.prepare(_tokens(120))
+    target = _tokens(120)[:60] + _tokens(30, seed=5)  # diverges at token 60
+    report = runtime.prepare(target)
+    if kind in (MemoryKind.RECURRENT, MemoryKind.HYBRID):
+        # The recurrent state includes tokens 60..119: it cannot be cut back to 60.
+        assert (report.reused_tokens, report.source) == (0, Source.NONE)
+    else:
+        # Dense keeps the prefix; the 64+32-token window still covers position 60.
+        assert (report.reused_tokens, report.source) == (60, Source.LIVE)
+    assert report.reused_tokens + report.decoded_tokens == report.prompt_tokens
+    assert np.array_equal(runtime.last_logits(), _fresh_logits(runtime, target))
+
+
+def test_a_sliding_window_model_never_reuses_below_its_window(
+    tiny_models: dict[str, Path], make_runtime: RuntimeFactory
+) -> None:
+    runtime = make_runtime(tiny_models["sliding_window"], n_ctx=1024, n_batch=32)
+    stream = _tokens(400)
+    runtime.prepare(stream)
+    pos_min = runtime.ctx.pos_min()
+    assert pos_min > 100, "the window cache should have dropped early positions"
+    early = stream[:100] + _tokens(20, seed=9)
+    report = runtime.prepare(early)
+    assert report.reused_tokens == 0  # seq_rm would have said true and kept nothing usable
+    assert np.array_equal(runtime.last_logits(), _fresh_logits(runtime, early))
+    runtime.prepare(stream)
+    late = stream[:390] + _tokens(5, seed=10)
+    report = runtime.prepare(late)
+    assert report.reused_tokens == 390
+    assert np.array_equal(runtime.last_logits(), _fresh_logits(runtime, late))
+
+
+@pytest.mark.parametrize("kind", ALL_KINDS, ids=lambda k: k.value)
+def test_cancel_between_chunks_leaves_the_cache_consistent(
+    kind: MemoryKind, tiny_models: dict[str, Path], make_runtime: RuntimeFactory
+) -> None:
+    runtime = make_runtime(tiny_models[kind.value], n_ctx=1024, n_batch=32)
+    target = _tokens(200)
+    stop = False
+
+    def on_progress(done: int, _total: int) -> None:
+        nonlocal stop
+        stop = done >= 64
+
+    with pytest.raises(Cancelled):
+        runtime.prepare(target, on_progress=on_progress, cancel=lambda: stop)
+    assert runtime.live_tokens == tuple(target[:64])
+    assert runtime.ctx.pos_max() == 63
+    report = runtime.prepare(target)
+    assert report.reused_tokens == 64
+    assert np.array_equal(runtime.last_logits(), _fresh_logits(runtime, target))
+
+
+@pytest.mark.parametrize("kind", ALL_KINDS, ids=lambda k: k.value)
+def test_cancel_inside_a_chunk_aborts_the_decode_and_stays_consistent(
+    kind: MemoryKind, tiny_models: dict[str, Path], make_runtime: RuntimeFactory
+) -> None:
+    runtime = make_runtime(tiny_models[kind.value], n_ctx=1024, n_batch=128)
+    target = _tokens(300)
+    calls = 0
+
+    def cancel() -> bool:
+        # False for the checks between chunks, then true while llama.cpp computes chunk 2.
+        nonlocal calls
+        calls += 1
+        return calls > 40
+
+    with pytest.raises(Cancelled):
+        runtime.prepare(target, cancel=cancel)
+    held = len(runtime.live_tokens)
+    assert runtime.live_tokens == tuple(target[:held])
+    assert runtime.ctx.pos_max() == held - 1
+    assert held < len(target)
+    report = runtime.prepare(target)
+    assert report.reused_tokens == held or (held == 0 and report.reused_tokens == 0)
+    assert np.array_equal(runtime.last_logits(), _fresh_logits(runtime, target))
+
+
+def test_cancel_during_generation_stops_within_one_token(
+    tiny_models: dict[str, Path], make_runtime: RuntimeFactory
+) -> None:
+    runtime = make_runtime(tiny_models["dense"], n_ctx=1024, n_batch=64)
+    prompt = _tokens(50)
+    runtime.prepare(prompt)
+    seen: list[int] = []
+    generation = runtime.generate(
+        max_tokens=100,
+        sampling=SamplingParams(temperature=1.0),
+        seed=3,
+        on_token=lambda token, _piece: seen.append(token),
+        cancel=lambda: len(seen) >= 3,
+    )
+    assert generation.finish is FinishReason.CANCELLED
+    assert len(generation.tokens) == 3
+    assert runtime.live_tokens == tuple(prompt + list(generation.tokens))
+    assert runtime.ctx.pos_max() == len(runtime.live_tokens) - 1
+
+
+def test_generation_is_seeded_and_greedy_at_temperature_zero(
+    tiny_models: dict[str, Path], make_runtime: RuntimeFactory
+) -> None:
+    runtime = make_runtime(tiny_models["dense"], n_ctx=1024, n_batch=64)
+    prompt = _tokens(40)
+
+    def run(sampling: SamplingParams, seed: int) -> tuple[int, ...]:
+        runtime.clear()
+        runtime.prepare(prompt)
+        return runtime.generate(max_tokens=24, sampling=sampling, seed=seed).tokens
+
+    hot = SamplingParams(temperature=1.5, top_k=0, top_p=1.0, min_p=0.0)
+    assert run(hot, 7) == run(hot, 7)
+    assert run(hot, 7) != run(hot, 8)
+    assert run(GREEDY, 1) == run(GREEDY, 2)
+    runtime.clear()
+    runtime.prepare(prompt)
+    assert run(GREEDY, 1)[0] == int(np.argmax(_fresh_logits(runtime, prompt)))
+
+
+def test_generation_stops_at_max_tokens(
+    tiny_models: dict[str, Path], make_runtime: RuntimeFactory
+) -> None:
+    runtime = make_runtime(tiny_models["recurrent"], n_ctx=1024, n_batch=64)
+    runtime.prepare(_tokens(20))
+    generation = runtime.generate(max_tokens=5, sampling=GREEDY, seed=0)
+    assert generation.finish in (FinishReason.LENGTH, FinishReason.STOP)
+    assert len(generation.tokens) <= 5
+
+
+def test_a_prompt_longer_than_the_context_is_refused_with_the_numbers(
+    tiny_models: dict[str, Path], make_runtime: RuntimeFactory
+) -> None:
+    runtime = make_runtime(tiny_models["dense"], n_ctx=256, n_batch=64)
+    runtime.prepare(_tokens(100))
+    before = runtime.live_tokens
+    with pytest.raises(ContextOverflowError, match="is 300 tokens long but the context holds 256"):
+        runtime.prepare(_tokens(300))
+    assert runtime.live_tokens == before  # nothing was touched
+
+
+def test_generation_stops_when_the_context_is_full(
+    tiny_models: dict[str, Path], make_runtime: RuntimeFactory
+) -> None:
+    runtime = make_runtime(tiny_models["dense"], n_ctx=256, n_batch=64)
+    runtime.prepare(_tokens(250))
+    generation = runtime.generate(
+        max_tokens=100, sampling=SamplingParams(temperature=1.0), seed=0
+    )
+    if generation.finish is not FinishReason.STOP:
+        assert generation.finish is FinishReason.CONTEXT_FULL
+        assert len(runtime.live_tokens) == 255
+
+
+def test_missing_and_corrupt_model_files_are_typed_errors(
+    tmp_path: Path, tiny_models: dict[str, Path]
+) -> None:
+    with pytest.raises(ModelNotFoundError, match="not found"):
+        Runtime(tmp_path / "missing.gguf")
+    garbage = tmp_path / "garbage.gguf"
+    garbage.write_bytes(bytes(random.Random(0).randrange(256) for _ in range(4096)))
+    with pytest.raises(ModelLoadError, match="not a GGUF model file"):
+        Runtime(garbage)
+    truncated = tmp_path / "truncated.gguf"
+    data = tiny_models["dense"].read_bytes()
+    truncated.write_bytes(data[: len(data) // 2])
+    with pytest.raises(ModelLoadError):
+        Runtime(truncated)
+    header_only = tmp_path / "header.gguf"
+    header_only.write_bytes(data[:64])
+    with pytest.raises(ModelLoadError):
+        Runtime(header_only)
+
+
+def test_gpu_offload_without_a_gpu_falls_back_to_the_cpu_and_says_so(
+    tiny_models: dict[str, Path], make_runtime: RuntimeFactory, tmp_path: Path
+) -> None:
+    path = tmp_path / "m.gguf"
+    shutil.copy(tiny_models["dense"], path)
+    runtime = make_runtime(path, n_ctx=256, n_batch=64, n_gpu_layers=99)
+    if supports_gpu_offload():
+        assert runtime.backend != "CPU" and runtime.notices == []
+    else:
+        assert runtime.backend == "CPU"
+        assert any("no GPU backend" in n for n in runtime.notices)
+    runtime.prepare(_tokens(20))
+    assert runtime.generate(max_tokens=2, sampling=GREEDY, seed=0).ttft_ms is not None
