@@ -144,7 +144,7 @@ class MainWindow(QMainWindow):
         self.progress.setVisible(False)
         QMessageBox.warning(self, "Arbor", message)
 
-    def closeEvent(self, event) -> None:  # noqa: N802 (Qt API)
+    def closeEvent(self, event) -> None:
         self.worker.request_stop()
         self.request_shutdown.emit()
         self._thread.quit()

@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
+from engine.checkpoints import Checkpoint
 from engine.errors import ArborError, Cancelled, ContextOverflowError
 from engine.llama import (
     ContextParams,
@@ -32,6 +33,9 @@ from engine.llama import (
 from engine.model import MemoryKind
 
 log = logging.getLogger(__name__)
+
+MIN_TAIL = 2  # tokens always decoded for a prompt: logits, and batched (not single) kernels
+STATE_FLAGS = 0  # full per-sequence state: the only kind safe for every memory kind
 
 ProgressFn = Callable[[int, int], None]  # (tokens decoded so far, tokens to decode)
 TokenFn = Callable[[int, str], None]  # (token id, text it added)
@@ -82,6 +86,7 @@ class PrepareReport:
     source: Source
     checkpoint_pos: int | None
     prefill_ms: float
+    failed_checkpoints: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -121,6 +126,7 @@ class Runtime:
         self.n_ctx = self.ctx.n_ctx
         self.n_batch = params.n_batch
         self._live: list[int] = []
+        self._canonical = 0
         log.info(
             "loaded %s: %s, memory %s, n_ctx %d, backend %s",
             model_path.name, self.model.description(), self.memory_kind, self.n_ctx, self.backend,
@@ -137,32 +143,91 @@ class Runtime:
         """The tokens the context holds, positions 0..n-1."""
         return tuple(self._live)
 
+    @property
+    def canonical_tokens(self) -> int:
+        """How many leading live tokens hold exactly the state a full prompt decode gives.
+
+        Tokens decoded one at a time during generation take llama.cpp's single-token
+        kernels, whose results differ from a batched decode of the same tokens (on
+        SmolLM2 Q4_1, by up to 0.46 in the logits after 64 tokens). Reusing them would
+        break the invariant, so they are decoded again, batched, when a prompt needs them.
+        """
+        return self._canonical
+
     def clear(self) -> None:
         self.ctx.clear()
         self._live = []
+        self._canonical = 0
 
     def live_reuse(self, target: Sequence[int]) -> int:
         """How many leading tokens of `target` the live cache can keep, for this memory kind.
 
-        At least one token of the target is always left to decode: saved state holds no
-        logits. The answer never comes from `seq_rm`'s return value: it comes from the
-        memory kind and the positions llama.cpp reports.
+        At least MIN_TAIL tokens of the target are always left to decode (saved state holds
+        no logits, and a one-token decode is not bit-identical to a batched one). The answer
+        never comes from `seq_rm`'s return value: it comes from the memory kind and the
+        positions llama.cpp reports.
         """
-        live = self._live
-        if not live or not target:
+        live = self._live[: self._canonical]
+        limit = len(target) - MIN_TAIL
+        if not live or limit <= 0:
             return 0
         if self.memory_kind in (MemoryKind.RECURRENT, MemoryKind.HYBRID):
-            # The state cannot be cut back: usable only if it is a strict prefix of the target.
+            # The state cannot be cut back: usable only if it is all canonical and a prefix
+            # of the target that leaves a tail to decode.
             n = len(live)
-            return n if n < len(target) and list(target[:n]) == live else 0
-        common = _common_prefix(live, target)
-        reuse = min(common, len(target) - 1)
-        if self.memory_kind is MemoryKind.SLIDING_WINDOW and reuse > 0:
-            # The window below the new tokens must still be held (LESSONS: seq_rm says true
-            # and silently empties the sequence when it is not).
-            if self.ctx.pos_min() > max(0, reuse - max(1, self.n_swa)):
-                return 0
-        return reuse
+            ok = n == len(self._live) and n <= limit and list(target[:n]) == live
+            return n if ok else 0
+        reuse = min(_common_prefix(live, target), limit)
+        return reuse if reuse > 0 and self._window_holds(reuse) else 0
+
+    def _window_holds(self, n: int) -> bool:
+        """Whether the cache holds what a token at position `n` attends to.
+
+        Dense caches must start at position 0. Sliding-window caches drop positions below
+        the window, and `seq_rm` returns true even when it leaves nothing usable (LESSONS),
+        so `pos_min` decides. Recurrent state has no positions to check here.
+        """
+        if self.memory_kind is MemoryKind.DENSE:
+            return self.ctx.pos_min() == 0
+        if self.memory_kind is MemoryKind.SLIDING_WINDOW:
+            return self.ctx.pos_min() <= max(0, n - max(1, self.n_swa))
+        return True
+
+    # --- checkpoints -------------------------------------------------------------------
+
+    def capture(self, node_id: int | None = None) -> Checkpoint:
+        """Save the state of the live tokens. Only canonical state is worth saving."""
+        if self._canonical != len(self._live) or not self._live:
+            raise RuntimeError("capture() needs a live cache that holds only prompt tokens")
+        blob = self.ctx.state_get(STATE_FLAGS)
+        return Checkpoint(tokens=tuple(self._live), blob=blob, flags=STATE_FLAGS, node_id=node_id)
+
+    def restore(self, checkpoint: Checkpoint) -> bool:
+        """Load a checkpoint and verify it. On any failure the sequence is cleared."""
+        self.clear()
+        read = self.ctx.state_set(checkpoint.blob, checkpoint.flags)
+        if read != checkpoint.size:
+            log.warning(
+                "checkpoint %d: llama.cpp read %d of %d bytes; dropping it",
+                checkpoint.id, read, checkpoint.size,
+            )
+            self.clear()
+            return False
+        pos_max = self.ctx.pos_max()
+        if pos_max != checkpoint.pos_max:
+            log.warning(
+                "checkpoint %d restored to position %d, expected %d; dropping it",
+                checkpoint.id, pos_max, checkpoint.pos_max,
+            )
+            self.clear()
+            return False
+        if not self._window_holds(checkpoint.n_tokens):
+            log.warning("checkpoint %d lacks the tokens the next ones attend to", checkpoint.id)
+            self.clear()
+            return False
+        self._live = list(checkpoint.tokens)
+        self._canonical = len(self._live)
+        return True
 
     # --- preparing a prompt -------------------------------------------------------------
 
@@ -171,39 +236,72 @@ class Runtime:
         target: Sequence[int],
         *,
         use_live: bool = True,
+        checkpoints: Sequence[Checkpoint] = (),
+        save_at: Sequence[int] = (),
+        on_checkpoint: Callable[[Checkpoint], None] | None = None,
         on_progress: ProgressFn | None = None,
         cancel: CancelFn | None = None,
     ) -> PrepareReport:
-        """Bring the context to hold exactly `target`, with logits for its last token."""
+        """Bring the context to hold exactly `target`, with logits for its last token.
+
+        Candidates are the live cache and every checkpoint whose tokens are a prefix of the
+        target leaving at least MIN_TAIL tokens; the one that leaves the least to decode
+        wins (ties go to the live cache). Every restore is verified; a failed one is
+        reported in `failed_checkpoints` and the next candidate is tried. While decoding,
+        the state is captured after each position in `save_at` and passed to
+        `on_checkpoint`.
+        """
         target = list(target)
-        if not target:
-            raise ValueError("cannot prepare an empty prompt")
+        if len(target) < MIN_TAIL:
+            raise ValueError(f"a prompt needs at least {MIN_TAIL} tokens")
         if len(target) >= self.n_ctx:
             raise ContextOverflowError(len(target), self.n_ctx)
         started = time.perf_counter()
-        reuse = self.live_reuse(target) if use_live else 0
-        reuse = self._keep_live_prefix(reuse)
-        source = Source.LIVE if reuse > 0 else Source.NONE
-        self._decode_tail(target, reuse, on_progress, cancel)
+        limit = len(target) - MIN_TAIL
+        plans: list[tuple[int, int, Checkpoint | None]] = []
+        if use_live:
+            plans.append((self.live_reuse(target), 1, None))
+        for checkpoint in checkpoints:
+            if checkpoint.n_tokens <= limit and checkpoint.is_prefix_of(target):
+                plans.append((checkpoint.n_tokens, 0, checkpoint))
+        plans.sort(key=lambda plan: (plan[0], plan[1]), reverse=True)
+        failed: list[int] = []
+        reuse, source, used = 0, Source.NONE, None
+        for n, _, checkpoint in plans:
+            if n == 0:
+                break
+            if checkpoint is None:
+                reuse = self._keep_live_prefix(n)
+                if reuse:
+                    source = Source.LIVE
+                    break
+            elif self.restore(checkpoint):
+                reuse, source, used = n, Source.CHECKPOINT, checkpoint
+                break
+            else:
+                failed.append(checkpoint.id)
+        if source is Source.NONE:
+            self.clear()
+        saves = sorted({p for p in save_at if reuse < p <= len(target)})
+        self._decode_tail(target, reuse, saves, on_checkpoint, on_progress, cancel)
         return PrepareReport(
             prompt_tokens=len(target),
             reused_tokens=reuse,
             decoded_tokens=len(target) - reuse,
             source=source,
-            checkpoint_pos=None,
+            checkpoint_pos=used.pos_max if used is not None else None,
             prefill_ms=(time.perf_counter() - started) * 1000.0,
+            failed_checkpoints=tuple(failed),
         )
 
     def _keep_live_prefix(self, reuse: int) -> int:
         """Cut the live cache back to `reuse` tokens and check that it really holds them."""
-        if reuse == 0:
-            self.clear()
-            return 0
         if reuse < len(self._live) and not self.ctx.seq_rm(reuse, -1):
             log.info("seq_rm(%d) refused; decoding from scratch", reuse)
             self.clear()
             return 0
         del self._live[reuse:]
+        self._canonical = min(self._canonical, reuse)
         if self.ctx.pos_max() != reuse - 1:
             log.warning(
                 "live cache holds up to position %d, expected %d; decoding from scratch",
@@ -217,28 +315,33 @@ class Runtime:
         self,
         target: list[int],
         start: int,
+        saves: list[int],
+        on_checkpoint: Callable[[Checkpoint], None] | None,
         on_progress: ProgressFn | None,
         cancel: CancelFn | None,
     ) -> None:
         total = len(target) - start
-        done = 0
         if on_progress:
             on_progress(0, total)
+        ends = chunk_ends(start, len(target), self.n_batch, saves)
         self.ctx.arm_abort(cancel)
         try:
-            for chunk_start in range(start, len(target), self.n_batch):
+            position = start
+            for end in ends:
                 if cancel and cancel():
                     raise Cancelled()
-                chunk = target[chunk_start : chunk_start + self.n_batch]
-                last = chunk_start + len(chunk) == len(target)
-                status = self.ctx.decode(chunk, chunk_start, want_logits=last)
+                chunk = target[position:end]
+                status = self.ctx.decode(chunk, position, want_logits=end == len(target))
                 if status == 2:
                     self._resync_after_abort(target)
                     raise Cancelled()
                 self._live.extend(chunk)
-                done += len(chunk)
+                self._canonical = len(self._live)
+                position = end
+                if end in saves and on_checkpoint is not None:
+                    on_checkpoint(self.capture())
                 if on_progress:
-                    on_progress(done, total)
+                    on_progress(end - start, total)
         except ArborError:
             raise
         except BaseException:
@@ -256,6 +359,7 @@ class Runtime:
         held = self.ctx.pos_max() + 1
         if held <= len(target):
             self._live = list(target[:held])
+            self._canonical = held
         else:
             self.clear()
 
@@ -320,6 +424,34 @@ class Runtime:
     def last_logits(self) -> np.ndarray:
         """The logits of the last decoded token (for tests of the invariant)."""
         return self.ctx.logits()
+
+
+def chunk_ends(start: int, end: int, n_batch: int, splits: Sequence[int] = ()) -> list[int]:
+    """Where each decode chunk of positions [start, end) ends.
+
+    Chunks hold at most `n_batch` tokens and end at every split position that leaves both
+    sides at least MIN_TAIL tokens; no chunk is ever a single token, because llama.cpp's
+    single-token kernels round differently from batched ones.
+    """
+    if end - start < MIN_TAIL:
+        raise ValueError(f"a decode needs at least {MIN_TAIL} tokens, not {end - start}")
+    if n_batch < MIN_TAIL:
+        raise ValueError(f"n_batch must be at least {MIN_TAIL}")
+    points = sorted({s for s in splits if start + MIN_TAIL <= s <= end - MIN_TAIL})
+    points.append(end)
+    ends: list[int] = []
+    position = start
+    for stop in points:
+        if stop - position < MIN_TAIL:
+            continue
+        while stop - position > n_batch:
+            remaining = stop - position
+            step = n_batch if remaining - n_batch >= MIN_TAIL else remaining - MIN_TAIL
+            position += step
+            ends.append(position)
+        ends.append(stop)
+        position = stop
+    return ends
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

@@ -8,6 +8,7 @@ yields one well-defined active path, ending at the active leaf.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -159,7 +160,7 @@ class Tree:
     def set_active(self, node_id: int) -> None:
         """Make `node_id` the active leaf and record the path to it as last-active."""
         path = self.path_to(node_id)
-        for parent, child in zip(path, path[1:], strict=False):
+        for parent, child in itertools.pairwise(path):
             parent.last_active_child = child.id
         self.active_leaf = node_id
 

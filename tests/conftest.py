@@ -35,7 +35,9 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) ->
     """One tiny random-weight GGUF per memory kind, written once per test session."""
     out = tmp_path_factory.mktemp("models")
     return {
-        kind.value: write_tiny_model(ModelKind(kind.value), out / f"tiny-{kind.value}.gguf", smollm2_path)
+        kind.value: write_tiny_model(
+            ModelKind(kind.value), out / f"tiny-{kind.value}.gguf", smollm2_path
+        )
         for kind in ALL_KINDS
     }
 

@@ -20,7 +20,8 @@ def test_importing_every_engine_module_loads_no_qt_and_no_app() -> None:
         f"for name in {modules!r}:\n"
         "    if name != 'engine.__main__':\n"
         "        importlib.import_module(name)\n"
-        "bad = sorted(m for m in sys.modules if m.split('.')[0] in ('PySide6', 'shiboken6', 'app'))\n"
+        "roots = ('PySide6', 'shiboken6', 'app')\n"
+        "bad = sorted(m for m in sys.modules if m.split('.')[0] in roots)\n"
         "print(','.join(bad))\n"
     )
     result = subprocess.run(

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import random
 import shutil
 from pathlib import Path
@@ -12,7 +13,7 @@ import pytest
 from engine.errors import Cancelled, ContextOverflowError, ModelLoadError, ModelNotFoundError
 from engine.llama import ContextParams, SamplingParams, supports_gpu_offload
 from engine.model import MemoryKind
-from engine.runtime import FinishReason, Runtime, Source
+from engine.runtime import MIN_TAIL, FinishReason, Runtime, Source, chunk_ends
 from tests.conftest import ALL_KINDS, RuntimeFactory
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -50,22 +51,80 @@ def test_a_sliding_window_model_with_a_full_cache_behaves_dense(
 
 
 @pytest.mark.parametrize("kind", ALL_KINDS, ids=lambda k: k.value)
-def test_a_follow_up_reuses_the_whole_live_cache_with_identical_logits(
+def test_extending_the_prompt_reuses_the_whole_live_cache_with_identical_logits(
     kind: MemoryKind, tiny_models: dict[str, Path], make_runtime: RuntimeFactory
 ) -> None:
+    runtime = make_runtime(tiny_models[kind.value], n_ctx=1024, n_batch=64)
+    first = _tokens(150)
+    runtime.prepare(first)
+    target = first + _tokens(40, seed=2)
+    report = runtime.prepare(target)
+    assert (report.source, report.reused_tokens, report.decoded_tokens) == (Source.LIVE, 150, 40)
+    assert np.array_equal(runtime.last_logits(), _fresh_logits(runtime, target))
+
+
+@pytest.mark.parametrize("kind", ALL_KINDS, ids=lambda k: k.value)
+def test_generated_tokens_are_decoded_again_batched_before_reuse(
+    kind: MemoryKind, tiny_models: dict[str, Path], make_runtime: RuntimeFactory
+) -> None:
+    """Single-token decodes round differently from batched ones, so a follow-up keeps only
+    the prompt's state; the reply's tokens are decoded again with the new message."""
     runtime = make_runtime(tiny_models[kind.value], n_ctx=1024, n_batch=64)
     first = _tokens(150)
     runtime.prepare(first)
     generation = runtime.generate(max_tokens=8, sampling=GREEDY, seed=1)
     live = list(runtime.live_tokens)
     assert live[: len(first)] == first and len(live) == len(first) + len(generation.tokens) - 1
-    target = live + [generation.tokens[-1], *_tokens(40, seed=2)]
+    assert runtime.canonical_tokens == len(first)
+    target = [*first, *generation.tokens, *_tokens(40, seed=2)]
     report = runtime.prepare(target)
-    assert report.source is Source.LIVE
-    assert report.reused_tokens == len(live)
-    assert report.decoded_tokens == len(target) - len(live)
-    cached = runtime.last_logits()
-    assert np.array_equal(cached, _fresh_logits(runtime, target))
+    if kind in (MemoryKind.RECURRENT, MemoryKind.HYBRID):
+        assert report.reused_tokens == 0  # the state went past the prompt; it cannot go back
+    else:
+        assert (report.source, report.reused_tokens) == (Source.LIVE, len(first))
+    assert report.reused_tokens + report.decoded_tokens == len(target)
+    assert np.array_equal(runtime.last_logits(), _fresh_logits(runtime, target))
+
+
+def test_one_token_decodes_really_differ_from_batched_ones(
+    smollm2_path: Path, make_runtime: RuntimeFactory
+) -> None:
+    """The llama.cpp behaviour MIN_TAIL and canonical_tokens exist for. If this ever stops
+    failing to match, the extra decoding they cost can go."""
+    runtime = make_runtime(smollm2_path, n_ctx=512, n_batch=128)
+    stream = _tokens(120)
+    reference = _fresh_logits(runtime, stream)
+    runtime.clear()
+    runtime.prepare(stream[:100])
+    for i in range(100, 119):
+        runtime.ctx.decode([stream[i]], i)
+    runtime.ctx.decode(stream[119:120], 119)
+    assert not np.array_equal(runtime.last_logits(), reference)
+    runtime.clear()
+    runtime.prepare(stream[:100])
+    for i in range(100, 120, 2):
+        runtime.ctx.decode(stream[i : i + 2], i)
+    assert np.array_equal(runtime.last_logits(), reference)
+
+
+@pytest.mark.parametrize(
+    ("start", "end", "n_batch", "splits", "expected"),
+    [
+        (0, 10, 4, (), [4, 8, 10]),
+        (0, 9, 4, (), [4, 7, 9]),  # never a one-token chunk
+        (3, 5, 512, (), [5]),
+        (0, 100, 512, (30, 31, 99, 100, 200), [30, 100]),  # splits that would strand 1 token
+        (0, 20, 8, (10,), [8, 10, 18, 20]),
+        (0, 17, 8, (), [8, 15, 17]),
+    ],
+)
+def test_chunks_respect_n_batch_and_splits_and_are_never_single_tokens(
+    start: int, end: int, n_batch: int, splits: tuple[int, ...], expected: list[int]
+) -> None:
+    ends = chunk_ends(start, end, n_batch, splits)
+    assert ends == expected
+    sizes = [b - a for a, b in itertools.pairwise([start, *ends])]
+    assert all(MIN_TAIL <= size <= n_batch for size in sizes)
 
 
 @pytest.mark.parametrize("kind", ALL_KINDS, ids=lambda k: k.value)
@@ -142,6 +201,7 @@ def test_cancel_inside_a_chunk_aborts_the_decode_and_stays_consistent(
 
     with pytest.raises(Cancelled):
         runtime.prepare(target, cancel=cancel)
+    assert calls > 3, "llama.cpp's abort callback, not the check between chunks, stopped it"
     held = len(runtime.live_tokens)
     assert runtime.live_tokens == tuple(target[:held])
     assert runtime.ctx.pos_max() == held - 1

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -36,7 +38,7 @@ def test_messages_follow_the_active_path_in_order() -> None:
 
 def test_edit_adds_a_sibling_and_keeps_the_old_branch() -> None:
     tree = Tree()
-    u0, a0, u1, a1 = _chat(tree, "q1", "r1", "q2", "r2")
+    u0, _a0, _u1, a1 = _chat(tree, "q1", "r1", "q2", "r2")
     new = tree.add_sibling(u0, "q1 edited")
     assert tree.siblings(u0) == [u0, new.id]
     assert tree.node(u0).text == "q1"  # never overwritten
@@ -49,7 +51,7 @@ def test_edit_adds_a_sibling_and_keeps_the_old_branch() -> None:
 
 def test_switch_follows_last_active_descendants() -> None:
     tree = Tree()
-    u0, a0 = _chat(tree, "q", "r")
+    _u0, a0 = _chat(tree, "q", "r")
     tree.add_sibling(a0, "r-b")  # a second reply
     _chat(tree, "follow-up on b")
     leaf_b = tree.active_leaf
@@ -63,7 +65,7 @@ def test_switch_follows_last_active_descendants() -> None:
 
 def test_rewind_keeps_descendants_and_send_branches_there() -> None:
     tree = Tree()
-    u0, a0, u1, a1 = _chat(tree, "q1", "r1", "q2", "r2")
+    _u0, a0, u1, a1 = _chat(tree, "q1", "r1", "q2", "r2")
     tree.rewind(a0)
     assert tree.active_leaf == a0
     new = tree.add_child(tree.active_leaf, Role.USER, "other q2")
@@ -87,7 +89,7 @@ def test_delete_branch_moves_the_active_path_to_a_sibling() -> None:
 
 def test_delete_off_the_active_path_leaves_it_alone() -> None:
     tree = Tree()
-    u0, a0, u1, a1 = _chat(tree, "q1", "r1", "q2", "r2")
+    _u0, _a0, u1, a1 = _chat(tree, "q1", "r1", "q2", "r2")
     other = tree.add_sibling(u1, "q2b")
     tree.switch_variant(other.id, 0)
     tree.delete_branch(other.id)
@@ -144,7 +146,7 @@ def test_random_operations_keep_the_tree_consistent(ops: list[tuple[str, int, in
         # last-active pointer and child list refers to existing nodes whose parent matches.
         path = tree.active_path()
         assert path[0].id == tree.root_id and path[-1].id == tree.active_leaf
-        for parent, child in zip(path, path[1:], strict=False):
+        for parent, child in itertools.pairwise(path):
             assert child.parent == parent.id
             assert parent.last_active_child == child.id
         for node in tree.nodes():

@@ -1,0 +1,164 @@
+"""Replay on real models: cached answers equal full-reprocess answers, and every reported
+reuse is one the memory kind can really keep."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine.model import MemoryKind
+from engine.replay import CacheMode, replay, run_step
+from engine.runtime import PrepareReport, Runtime, RuntimeSettings, Source
+from engine.scenario import parse_scenario
+from engine.session import Session
+from tests.conftest import ALL_KINDS
+
+ROOT = Path(__file__).resolve().parents[1]
+
+STEPS: list[dict[str, Any]] = [
+    {"op": "send", "text": "Tell me about the oak tree and its leaves.", "max_tokens": 12},
+    {"op": "send", "text": "How deep do its roots grow?", "max_tokens": 12},
+    {"op": "send", "text": "And how old can it get?", "max_tokens": 12},
+    {"op": "edit", "message": 2, "text": "How tall can it grow?", "max_tokens": 12},
+    {"op": "regenerate", "max_tokens": 12},
+    {"op": "edit", "message": 0, "text": "Tell me about rivers.", "max_tokens": 12},
+    {"op": "switch", "message": 0, "variant": 0},
+    {"op": "send", "text": "Thanks. One more fact?", "max_tokens": 12},
+    {"op": "edit", "message": 4, "text": "Thanks! Another fact?", "max_tokens": 12},
+    {"op": "rewind", "message": 1},
+    {"op": "send", "text": "Where does it grow?", "max_tokens": 12},
+]
+
+
+def _scenario(model: Path, n_batch: int = 64, **extra: Any) -> dict[str, Any]:
+    return {
+        "model": str(model), "n_ctx": 2048, "n_batch": n_batch, "seed": 7,
+        "sampling": {"temperature": 0.0}, "system": "You are a botanist.",
+        "steps": STEPS, **extra,
+    }
+
+
+def _texts(report: dict[str, Any]) -> list[str | None]:
+    return [step["text"] for step in report["steps"]]
+
+
+def _check_accounting(report: dict[str, Any]) -> None:
+    for step in report["steps"]:
+        if step["prompt_tokens"] is not None:
+            assert step["reused_tokens"] + step["decoded_tokens"] == step["prompt_tokens"]
+            assert step["decoded_tokens"] >= 2
+            assert step["source"] in ("live", "checkpoint", "none")
+            assert (step["source"] == "none") == (step["reused_tokens"] == 0)
+
+
+@pytest.mark.parametrize("kind", ALL_KINDS, ids=lambda k: k.value)
+def test_cached_replies_equal_full_reprocess_on_every_memory_kind(
+    kind: MemoryKind, tiny_models: dict[str, Path]
+) -> None:
+    # A small n_batch makes the sliding-window cache (n_swa 32) drop early positions.
+    scenario = parse_scenario(_scenario(tiny_models[kind.value], n_batch=32))
+    cached = replay(scenario, cache=CacheMode.CHECKPOINTS)
+    reference = replay(scenario, cache=CacheMode.NONE)
+    assert _texts(cached) == _texts(reference)
+    assert all(t for t, s in zip(_texts(cached), STEPS, strict=True) if s["op"] != "switch"
+               and s["op"] != "rewind")
+    _check_accounting(cached)
+    _check_accounting(reference)
+    assert all(s["reused_tokens"] in (0, None) for s in reference["steps"])
+    assert cached["model"]["memory_kind"] == kind.value
+    # The cache saved work where the memory kind lets the live cache go back.
+    decoded = sum(s["decoded_tokens"] or 0 for s in cached["steps"])
+    if kind in (MemoryKind.DENSE, MemoryKind.SLIDING_WINDOW):
+        assert decoded < sum(s["decoded_tokens"] or 0 for s in reference["steps"])
+
+
+def test_cached_replies_equal_full_reprocess_on_smollm2(smollm2_path: Path) -> None:
+    scenario = parse_scenario(_scenario(smollm2_path, n_batch=512))
+    cached = replay(scenario, cache=CacheMode.CHECKPOINTS)
+    reference = replay(scenario, cache=CacheMode.NONE)
+    assert _texts(cached) == _texts(reference)
+    _check_accounting(cached)
+    assert cached["model"]["name"].startswith("Smollm2")
+    assert len(cached["model"]["file_sha256"]) == 64
+
+
+@pytest.mark.parametrize("kind", ALL_KINDS, ids=lambda k: k.value)
+def test_every_reported_reuse_is_valid_for_the_memory_kind(
+    kind: MemoryKind, tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Watch the runtime under the scenario and check each claim against the cache."""
+    runtime = Runtime(tiny_models[kind.value], RuntimeSettings(n_ctx=2048, n_batch=32))
+    seen: list[tuple[tuple[int, ...], int, int, list[int], PrepareReport]] = []
+    original = runtime.prepare
+
+    def watched(target: list[int], **kwargs: Any) -> PrepareReport:
+        live, canonical = runtime.live_tokens, runtime.canonical_tokens
+        pos_min = runtime.ctx.pos_min()
+        report = original(target, **kwargs)
+        seen.append((live, canonical, pos_min, list(target), report))
+        return report
+
+    monkeypatch.setattr(runtime, "prepare", watched)
+    try:
+        session = Session(runtime, system="You are a botanist.", seed=7,
+                          sampling=parse_scenario(_scenario(Path("x"))).sampling)
+        for step in parse_scenario(_scenario(Path("x"))).steps:
+            run_step(session, step)
+    finally:
+        runtime.close()
+    assert len(seen) == sum(1 for s in STEPS if s["op"] in ("send", "edit", "regenerate"))
+    for live, canonical, pos_min, target, report in seen:
+        if report.source is not Source.LIVE:
+            continue
+        n = report.reused_tokens
+        assert tuple(target[:n]) == live[:n] and n <= canonical
+        if kind in (MemoryKind.RECURRENT, MemoryKind.HYBRID):
+            # Only a state that is exactly a prefix of the target can be kept.
+            assert len(live) == canonical == n
+        if kind is MemoryKind.SLIDING_WINDOW:
+            assert pos_min <= max(0, n - runtime.n_swa)
+    if kind in (MemoryKind.DENSE, MemoryKind.SLIDING_WINDOW):
+        assert any(r.source is Source.LIVE for *_, r in seen)
+
+
+def test_replay_command_writes_a_report_and_exits_0(
+    tmp_path: Path, tiny_models: dict[str, Path]
+) -> None:
+    path = tmp_path / "scenario.json"
+    path.write_text(json.dumps(_scenario(tiny_models["dense"]) | {"steps": STEPS[:3]}))
+    out = tmp_path / "report.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "engine", "replay", str(path), "--cache", "none",
+         "--report", str(out)],
+        cwd=ROOT, capture_output=True, text=True,
+    )
+    assert result.returncode == 0, result.stderr
+    report = json.loads(out.read_text())
+    assert report["cache"] == "none"
+    assert [s["op"] for s in report["steps"]] == ["send", "send", "send"]
+    assert report["model"]["memory_kind"] == "dense"
+    assert {"prefill_ms", "ttft_ms", "generated_tokens", "checkpoint_pos"} <= set(
+        report["steps"][0]
+    )
+
+
+def test_replay_of_a_step_that_does_not_fit_the_tree_exits_2(
+    tmp_path: Path, tiny_models: dict[str, Path]
+) -> None:
+    path = tmp_path / "scenario.json"
+    bad = [STEPS[0], {"op": "edit", "message": 5, "text": "x"}]
+    path.write_text(json.dumps(_scenario(tiny_models["dense"]) | {"steps": bad}))
+    result = subprocess.run(
+        [sys.executable, "-m", "engine", "replay", str(path)],
+        cwd=ROOT, capture_output=True, text=True,
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        "arbor-engine: step 1 (edit): message 5 does not exist "
+        "(the active path has 2 messages)"
+    ]
