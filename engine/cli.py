@@ -8,10 +8,11 @@ import logging
 import sys
 from pathlib import Path
 
+from engine.checkpoints import DEFAULT_INTERVAL
 from engine.errors import ArborError, ModelLoadError, ModelNotFoundError
 from engine.model import list_models, read_model_info, resolve_model
 from engine.paths import data_dirs
-from engine.replay import CacheMode, replay
+from engine.replay import CacheMode, CheckpointOptions, replay
 from engine.scenario import ScenarioError, load_scenario
 
 log = logging.getLogger("engine")
@@ -36,6 +37,15 @@ def build_parser() -> argparse.ArgumentParser:
         help="'none' clears the context and decodes the whole prompt at every step",
     )
     rp.add_argument("--report", type=Path, help="write the JSON report here (default: stdout)")
+    rp.add_argument(
+        "--checkpoint-interval", type=int, default=DEFAULT_INTERVAL, metavar="TOKENS",
+        help="at most one checkpoint per this many tokens inside long messages (<=0: none)",
+    )
+    rp.add_argument("--ram-budget", type=int, metavar="MIB", help="checkpoint RAM budget")
+    rp.add_argument(
+        "--disk-tier", action="store_true",
+        help="spill checkpoints to the user cache dir instead of dropping them",
+    )
 
     info = sub.add_parser("info", help="describe a GGUF model from its header")
     info.add_argument("model", nargs="?", default="default")
@@ -78,7 +88,14 @@ def main(argv: list[str] | None = None) -> int:
 
 def _replay(args: argparse.Namespace) -> int:
     scenario = load_scenario(args.scenario)
-    report = replay(scenario, model=args.model, cache=CacheMode(args.cache))
+    options = CheckpointOptions(
+        interval=args.checkpoint_interval,
+        ram_budget=args.ram_budget << 20 if args.ram_budget is not None else None,
+        disk_dir=data_dirs().cache / "checkpoints" if args.disk_tier else None,
+    )
+    report = replay(
+        scenario, model=args.model, cache=CacheMode(args.cache), checkpoints=options
+    )
     text = json.dumps(report, indent=2, ensure_ascii=False) + "\n"
     if args.report:
         args.report.write_text(text, encoding="utf-8")

@@ -295,15 +295,24 @@ class LlamaContext:
     def state_size(self, flags: int = 0) -> int:
         return int(lc.llama_state_seq_get_size_ext(self._ptr, SEQ, flags))
 
-    def state_get(self, flags: int = 0) -> bytes:
+    def state_get(self, flags: int = 0) -> bytearray:
+        """The sequence's state, written by llama.cpp straight into the returned buffer (one
+        copy). Treat it as immutable."""
         size = self.state_size(flags)
-        buf = (ctypes.c_uint8 * size)()
-        written = int(lc.llama_state_seq_get_data_ext(self._ptr, buf, size, SEQ, flags))
-        return bytes(buf[:written]) if written != size else bytes(buf)
+        blob = bytearray(size)
+        view = (ctypes.c_uint8 * size).from_buffer(blob)
+        written = int(lc.llama_state_seq_get_data_ext(self._ptr, view, size, SEQ, flags))
+        del view
+        if written != size:
+            raise DecodeError(f"llama.cpp saved {written} of {size} bytes of state")
+        return blob
 
-    def state_set(self, blob: bytes, flags: int = 0) -> int:
+    def state_set(self, blob: bytes | bytearray, flags: int = 0) -> int:
         """Load a state blob into the sequence; returns the bytes read (0 on failure)."""
-        buf = (ctypes.c_uint8 * len(blob)).from_buffer_copy(blob)
+        if isinstance(blob, bytearray):
+            buf = (ctypes.c_uint8 * len(blob)).from_buffer(blob)  # no copy
+        else:
+            buf = (ctypes.c_uint8 * len(blob)).from_buffer_copy(blob)
         return int(lc.llama_state_seq_set_data_ext(self._ptr, buf, len(blob), SEQ, flags))
 
     # --- decoding ----------------------------------------------------------------------

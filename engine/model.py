@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import logging
 import os
 import threading
@@ -17,7 +18,7 @@ from pathlib import Path
 
 from engine.errors import ModelLoadError, ModelNotFoundError
 from engine.gguf_header import GGUFHeaderError, read_gguf_header
-from engine.paths import DataDirs
+from engine.paths import DataDirs, data_dirs
 
 log = logging.getLogger(__name__)
 
@@ -135,23 +136,51 @@ def read_model_info(path: Path) -> ModelInfo:
 
 _hash_lock = threading.Lock()
 _hash_cache: dict[tuple[str, int, int], str] = {}
+_HASH_FILE = "file-hashes.json"
 
 
-def file_sha256(path: Path) -> str:
-    """The sha256 of a model file, cached per (path, size, mtime) for this process."""
+def file_sha256(path: Path, cache_dir: Path | None = None) -> str:
+    """The sha256 of a model file, remembered per (path, size, mtime) in memory and in the
+    cache dir, so a multi-GB model is hashed once, not at every start."""
     stat = path.stat()
     key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
     with _hash_lock:
         if key in _hash_cache:
             return _hash_cache[key]
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        while chunk := f.read(1 << 20):
-            digest.update(chunk)
-    value = digest.hexdigest()
+    store = (cache_dir or data_dirs().cache) / _HASH_FILE
+    disk_key = f"{key[0]}|{key[1]}|{key[2]}"
+    known = _read_hashes(store)
+    value = known.get(disk_key)
+    if not (isinstance(value, str) and len(value) == 64):
+        digest = hashlib.sha256()
+        with path.open("rb") as f:
+            while chunk := f.read(1 << 20):
+                digest.update(chunk)
+        value = digest.hexdigest()
+        known[disk_key] = value
+        _write_hashes(store, known)
     with _hash_lock:
         _hash_cache[key] = value
     return value
+
+
+def _read_hashes(store: Path) -> dict[str, object]:
+    try:
+        data = json.loads(store.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _write_hashes(store: Path, known: dict[str, object]) -> None:
+    """Best effort: a cache that cannot be written only costs a re-hash next time."""
+    try:
+        store.parent.mkdir(parents=True, exist_ok=True)
+        tmp = store.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(known), encoding="utf-8")
+        os.replace(tmp, store)
+    except OSError as exc:
+        log.info("cannot remember the model hash: %s", exc)
 
 
 def _wanted_key(key: str) -> bool:

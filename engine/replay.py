@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import logging
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from enum import StrEnum
 from importlib import metadata
+from pathlib import Path
 from typing import Any
 
+from engine.checkpoints import DEFAULT_INTERVAL, CheckpointStore
 from engine.model import file_sha256, resolve_model
 from engine.runtime import Runtime, RuntimeSettings
 from engine.scenario import Op, Scenario, ScenarioError, Step
@@ -31,25 +33,45 @@ def check_supported(scenario: Scenario) -> None:
             )
 
 
+@dataclass(frozen=True)
+class CheckpointOptions:
+    interval: int = DEFAULT_INTERVAL
+    ram_budget: int | None = None  # bytes; None = the default from the machine's memory
+    disk_dir: Path | None = None  # the disk tier; None = RAM only
+    disk_budget: int = 8 << 30
+
+
 def replay(
     scenario: Scenario,
     *,
     model: str | None = None,
     cache: CacheMode = CacheMode.CHECKPOINTS,
     runtime_settings: RuntimeSettings | None = None,
+    checkpoints: CheckpointOptions | None = None,
 ) -> dict[str, Any]:
     """Run every step and return the report (a JSON-ready dict)."""
     check_supported(scenario)
     path = resolve_model(model or scenario.model, base=scenario.base_dir)
     settings = runtime_settings or RuntimeSettings(n_ctx=scenario.n_ctx, n_batch=scenario.n_batch)
+    options = checkpoints or CheckpointOptions()
     runtime = Runtime(path, settings)
     try:
+        store = None
+        if cache is CacheMode.CHECKPOINTS:
+            store = CheckpointStore(
+                runtime.identity(),
+                ram_budget=options.ram_budget,
+                disk_dir=options.disk_dir,
+                disk_budget=options.disk_budget,
+            )
         session = Session(
             runtime,
             system=scenario.system,
             sampling=scenario.sampling,
             seed=scenario.seed,
             use_cache=cache is CacheMode.CHECKPOINTS,
+            checkpoints=store,
+            checkpoint_interval=options.interval,
         )
         steps = [_step_dict(run_step(session, step)) for step in scenario.steps]
         return {
@@ -57,6 +79,7 @@ def replay(
             "cache": cache.value,
             "seed": scenario.seed,
             "steps": steps,
+            "checkpoints": _store_report(store, options),
             "notices": list(runtime.notices),
         }
     finally:
@@ -106,6 +129,17 @@ def model_report(runtime: Runtime) -> dict[str, Any]:
         "size_bytes": model.info.size_bytes,
         "backend": runtime.backend,
         "llama_cpp_python": metadata.version("llama-cpp-python"),
+    }
+
+
+def _store_report(store: CheckpointStore | None, options: CheckpointOptions) -> dict[str, Any]:
+    if store is None:
+        return {"enabled": False}
+    return {
+        "enabled": True,
+        "interval": options.interval,
+        "disk_tier": str(options.disk_dir) if options.disk_dir else None,
+        **asdict(store.stats()),
     }
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.checkpoints import Checkpoint
+from engine.checkpoints import Checkpoint, Identity
 from engine.errors import ArborError, Cancelled, ContextOverflowError
 from engine.llama import (
     ContextParams,
@@ -30,7 +30,7 @@ from engine.llama import (
     gpu_backend_name,
     supports_gpu_offload,
 )
-from engine.model import MemoryKind
+from engine.model import MemoryKind, file_sha256
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +86,7 @@ class PrepareReport:
     source: Source
     checkpoint_pos: int | None
     prefill_ms: float
+    checkpoint_id: int | None = None
     failed_checkpoints: tuple[int, ...] = ()
 
 
@@ -135,6 +136,22 @@ class Runtime:
     def close(self) -> None:
         self.ctx.close()
         self.model.close()
+
+    def identity(self) -> Identity:
+        """What a state blob must have been made with to be loaded here."""
+        params = self.ctx.params
+        return Identity(
+            model_sha256=file_sha256(self.model.path),
+            llama_cpp_python=_llama_cpp_version(),
+            n_ctx=self.n_ctx,
+            n_batch=self.n_batch,
+            type_k=params.type_k,
+            type_v=params.type_v,
+            flash_attn=params.flash_attn.value,
+            swa_full=params.swa_full,
+            n_seq_max=1,
+            flags=STATE_FLAGS,
+        )
 
     # --- the live cache ----------------------------------------------------------------
 
@@ -205,6 +222,8 @@ class Runtime:
     def restore(self, checkpoint: Checkpoint) -> bool:
         """Load a checkpoint and verify it. On any failure the sequence is cleared."""
         self.clear()
+        if checkpoint.blob is None:
+            return False
         read = self.ctx.state_set(checkpoint.blob, checkpoint.flags)
         if read != checkpoint.size:
             log.warning(
@@ -237,6 +256,7 @@ class Runtime:
         *,
         use_live: bool = True,
         checkpoints: Sequence[Checkpoint] = (),
+        fetch: Callable[[Checkpoint], Checkpoint | None] | None = None,
         save_at: Sequence[int] = (),
         on_checkpoint: Callable[[Checkpoint], None] | None = None,
         on_progress: ProgressFn | None = None,
@@ -275,10 +295,13 @@ class Runtime:
                 if reuse:
                     source = Source.LIVE
                     break
-            elif self.restore(checkpoint):
-                reuse, source, used = n, Source.CHECKPOINT, checkpoint
-                break
             else:
+                loaded = checkpoint if checkpoint.blob is not None or fetch is None else fetch(
+                    checkpoint
+                )
+                if loaded is not None and loaded.blob is not None and self.restore(loaded):
+                    reuse, source, used = n, Source.CHECKPOINT, checkpoint
+                    break
                 failed.append(checkpoint.id)
         if source is Source.NONE:
             self.clear()
@@ -291,6 +314,7 @@ class Runtime:
             source=source,
             checkpoint_pos=used.pos_max if used is not None else None,
             prefill_ms=(time.perf_counter() - started) * 1000.0,
+            checkpoint_id=used.id if used is not None else None,
             failed_checkpoints=tuple(failed),
         )
 
@@ -452,6 +476,12 @@ def chunk_ends(start: int, end: int, n_batch: int, splits: Sequence[int] = ()) -
         ends.append(stop)
         position = stop
     return ends
+
+
+def _llama_cpp_version() -> str:
+    from importlib import metadata
+
+    return metadata.version("llama-cpp-python")
 
 
 def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:

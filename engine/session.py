@@ -6,10 +6,13 @@ the model returns a `StepReport` saying exactly what was reused and what was dec
 
 from __future__ import annotations
 
+import bisect
+import itertools
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from engine.checkpoints import DEFAULT_INTERVAL, Checkpoint, CheckpointStore, plan_saves
 from engine.errors import Cancelled
 from engine.llama import SamplingParams
 from engine.prompt import CHATML_TEMPLATE, ChatTemplate, PromptBuilder, Tokenizer
@@ -72,8 +75,12 @@ class Session:
         sampling: SamplingParams | None = None,
         seed: int = 0,
         use_cache: bool = True,
+        checkpoints: CheckpointStore | None = None,
+        checkpoint_interval: int = DEFAULT_INTERVAL,
     ) -> None:
         self.runtime = runtime
+        self.checkpoints = checkpoints if use_cache else None
+        self.checkpoint_interval = checkpoint_interval
         self.tree = tree if tree is not None else Tree(system)
         self.sampling = sampling or SamplingParams()
         self.seed = seed
@@ -125,7 +132,9 @@ class Session:
         return StepReport(op="rewind", node_id=node_id)
 
     def delete_branch(self, node_id: int) -> StepReport:
-        self.tree.delete_branch(node_id)
+        removed = self.tree.delete_branch(node_id)
+        if self.checkpoints is not None:
+            self.checkpoints.drop_nodes(removed)
         return StepReport(op="delete", node_id=self.tree.active_leaf)
 
     def continue_reply(self, options: GenerationOptions | None = None) -> StepReport:
@@ -139,8 +148,7 @@ class Session:
     def _reply(self, op: str, options: GenerationOptions) -> StepReport:
         """Prepare the active path's prompt and generate a reply as a new active leaf."""
         path = self.tree.active_path()
-        target = self.prompts.target(path)
-        prepared = self._prepare(target, options)
+        prepared = self._prepare(path, options)
         seed = options.seed if options.seed is not None else self.seed + self.generations
         self.generations += 1
         reply = self.tree.add_child(path[-1].id, Role.ASSISTANT, "", status=NodeStatus.STREAMING)
@@ -164,17 +172,57 @@ class Session:
             self._finish_reply(reply, path, None, produced)
             raise
         self._finish_reply(reply, path, generation, generation.tokens)
+        if self.checkpoints is not None:
+            self.checkpoints.enforce_budget()  # after the reply: spilling never delays it
         return _report(op, reply, prepared, generation)
 
-    def _prepare(self, target: list[int], options: GenerationOptions) -> PrepareReport:
+    def _prepare(self, path: list[Node], options: GenerationOptions) -> PrepareReport:
+        """Bring the runtime to the path's prompt by the cheapest valid plan, capturing
+        checkpoints where the placement policy puts them."""
+        target = self.prompts.target(path)
         if not self.use_cache:
             self.runtime.clear()
-        return self.runtime.prepare(
+            return self.runtime.prepare(
+                target, use_live=False, on_progress=options.on_progress, cancel=options.cancel
+            )
+        store = self.checkpoints
+        if store is None:
+            return self.runtime.prepare(
+                target, on_progress=options.on_progress, cancel=options.cancel
+            )
+        ends = list(itertools.accumulate(len(node.tokens or ()) for node in path))
+        store.protect(node.id for node in path)
+        candidates = store.candidates(target)
+        saves = plan_saves(
+            self.runtime.memory_kind,
+            node_ends=ends,
+            prompt_len=len(target),
+            start=0,
+            last_pos=candidates[0].pos_max if candidates else -1,
+            interval=self.checkpoint_interval,
+        )
+
+        def keep(checkpoint: Checkpoint) -> None:
+            # Attach it to the node holding its last token; the prompt's end (the reply's
+            # generation prompt) belongs to the last message of the path.
+            index = bisect.bisect_left(ends, checkpoint.n_tokens)
+            node = path[min(index, len(path) - 1)]
+            store.add(replace(checkpoint, node_id=node.id))
+
+        prepared = self.runtime.prepare(
             target,
-            use_live=self.use_cache,
+            checkpoints=candidates,
+            fetch=store.fetch,
+            save_at=saves,
+            on_checkpoint=keep,
             on_progress=options.on_progress,
             cancel=options.cancel,
         )
+        for checkpoint_id in prepared.failed_checkpoints:
+            store.reject(checkpoint_id)
+        if prepared.checkpoint_id is not None:
+            store.mark_restored(prepared.checkpoint_id)
+        return prepared
 
     def _finish_reply(
         self,
