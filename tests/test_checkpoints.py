@@ -1,0 +1,389 @@
+"""Checkpoints on real llama.cpp: placement, search, verified restore, the store, faults.
+
+Many tests here are the bugs of the ik_llama.cpp server change this project grew from
+(../shared/reference/ik_llama-checkpoints-pr.txt), one test each.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from engine.checkpoints import (
+    Checkpoint,
+    CheckpointStore,
+    Identity,
+    interval_positions,
+    plan_saves,
+)
+from engine.llama import SamplingParams
+from engine.model import MemoryKind
+from engine.runtime import Runtime, Source
+from engine.session import GenerationOptions, Session
+from tests.conftest import ALL_KINDS, RuntimeFactory
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+def _tokens(n: int, seed: int = 0) -> list[int]:
+    rng = random.Random(seed)
+    return [rng.randrange(200, 40000) for _ in range(n)]
+
+
+def _fresh_logits(runtime: Runtime, target: list[int]) -> np.ndarray:
+    runtime.clear()
+    runtime.prepare(target, use_live=False)
+    return runtime.last_logits()
+
+
+def _assert_same_as_full_decode(runtime: Runtime, target: list[int]) -> None:
+    """Bit-identical, except on a sliding-window cache (swa_full=False): a restored window
+    lands in other cache cells than a fresh decode puts it, and attention sums the cells in
+    cell order, so the last bits differ. There: same argmax, and within 1e-3."""
+    restored = runtime.last_logits()
+    fresh = _fresh_logits(runtime, target)
+    if runtime.memory_kind is MemoryKind.SLIDING_WINDOW:
+        assert int(np.argmax(restored)) == int(np.argmax(fresh))
+        assert float(np.max(np.abs(restored - fresh))) < 1e-3
+    else:
+        assert np.array_equal(restored, fresh)
+
+
+def _capture_at(runtime: Runtime, stream: list[int], *counts: int) -> list[Checkpoint]:
+    """Decode `stream` from scratch and capture the state after each count of tokens."""
+    saved: list[Checkpoint] = []
+    runtime.clear()
+    runtime.prepare(stream, use_live=False, save_at=counts, on_checkpoint=saved.append)
+    assert [c.n_tokens for c in saved] == sorted(counts)
+    return saved
+
+
+def _identity(**changes: object) -> Identity:
+    base = Identity(
+        model_sha256="a" * 64, llama_cpp_python="0.3.36", n_ctx=1024, n_batch=64,
+        type_k="f16", type_v="f16", flash_attn="off", swa_full=False,
+    )
+    return replace(base, **changes)  # type: ignore[arg-type]
+
+
+# --- placement -----------------------------------------------------------------------------
+
+
+def test_interval_gate_places_checkpoints_exactly_at_each_interval() -> None:
+    # The PR's regression: a +1 fudge opened the gate one position early (8190, not 8191).
+    assert interval_positions(0, 8494, -1, 2048) == [2048, 4096, 6144, 8192]
+    # After a checkpoint (or a restore) at position 4095, the next is due 2048 later, not now.
+    assert interval_positions(4096, 8494, 4095, 2048) == [6144, 8192]
+    assert interval_positions(0, 2047, -1, 2048) == []
+    assert interval_positions(0, 2048, -1, 2048) == [2048]
+    assert interval_positions(0, 9000, -1, 0) == []
+
+
+@pytest.mark.parametrize("kind", ALL_KINDS, ids=lambda k: k.value)
+def test_placement_policy_per_memory_kind(kind: MemoryKind) -> None:
+    node_ends = [20, 60, 100, 140]  # system, user, assistant, user
+    saves = plan_saves(kind, node_ends, prompt_len=143, start=0, last_pos=-1, interval=64)
+    if kind is MemoryKind.DENSE:
+        # The live cache cuts back to any node end for free: only the prompt's end (to jump
+        # to a branch that is not live) and the interval gate.
+        assert saves == [64, 128, 143]
+    else:
+        # Recurrent, hybrid and sliding-window caches cannot go back: keep every node end.
+        assert saves == [20, 60, 64, 100, 128, 140, 143]
+    # Positions already decoded (before `start`) are never planned again.
+    assert min(plan_saves(kind, node_ends, 143, 100, 99, 64)) > 100
+
+
+# --- search and restore on every memory kind -------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ALL_KINDS, ids=lambda k: k.value)
+def test_restore_resumes_at_pos_max_plus_one_with_bit_identical_logits(
+    kind: MemoryKind, tiny_models: dict[str, Path], make_runtime: RuntimeFactory
+) -> None:
+    runtime = make_runtime(tiny_models[kind.value], n_ctx=1024, n_batch=64)
+    stream = _tokens(300)
+    (checkpoint,) = _capture_at(runtime, stream, 200)
+    runtime.clear()
+    target = stream[:260]
+    report = runtime.prepare(target, checkpoints=[checkpoint])
+    assert report.source is Source.CHECKPOINT and report.checkpoint_pos == 199
+    assert (report.reused_tokens, report.decoded_tokens) == (200, 60)
+    # Re-decoding position 199 would double-count it in a recurrent state: logits would differ.
+    _assert_same_as_full_decode(runtime, target)
+
+
+@pytest.mark.parametrize("kind", ALL_KINDS, ids=lambda k: k.value)
+def test_search_takes_the_deepest_checkpoint_that_ends_before_the_divergence(
+    kind: MemoryKind, tiny_models: dict[str, Path], make_runtime: RuntimeFactory
+) -> None:
+    runtime = make_runtime(tiny_models[kind.value], n_ctx=1024, n_batch=64)
+    stream = _tokens(320)
+    saved = _capture_at(runtime, stream, 100, 200, 300)
+    runtime.clear()
+    # Diverges at 250: the newest (300) extends past the divergence and must not be used.
+    target = stream[:250] + _tokens(30, seed=4)
+    report = runtime.prepare(target, checkpoints=saved)
+    assert (report.source, report.checkpoint_pos) == (Source.CHECKPOINT, 199)
+    _assert_same_as_full_decode(runtime, target)
+    # A target that ends one token after a checkpoint cannot use it (two tokens are always
+    # decoded, batched); the one before it is taken instead.
+    runtime.clear()
+    report = runtime.prepare(stream[:201], checkpoints=saved)
+    assert report.checkpoint_pos == 99
+
+
+@pytest.mark.parametrize("kind", ALL_KINDS, ids=lambda k: k.value)
+def test_a_misplaced_restore_is_caught_and_never_produces_output(
+    kind: MemoryKind, tiny_models: dict[str, Path], make_runtime: RuntimeFactory
+) -> None:
+    """A blob of the right size that holds another position (the PR's silent corruption)."""
+    runtime = make_runtime(tiny_models[kind.value], n_ctx=1024, n_batch=64)
+    stream = _tokens(300)
+    (real,) = _capture_at(runtime, stream, 200)
+    liar = Checkpoint(tokens=tuple(stream[:150]), blob=real.blob)  # says 150, holds 200
+    runtime.clear()
+    report = runtime.prepare(stream[:220], checkpoints=[liar])
+    assert report.failed_checkpoints == (liar.id,)
+    assert report.source is Source.NONE and report.reused_tokens == 0
+    assert np.array_equal(runtime.last_logits(), _fresh_logits(runtime, stream[:220]))
+
+
+def test_a_truncated_blob_is_refused_by_the_size_check_and_the_next_candidate_used(
+    tiny_models: dict[str, Path], make_runtime: RuntimeFactory
+) -> None:
+    runtime = make_runtime(tiny_models["recurrent"], n_ctx=1024, n_batch=64)
+    stream = _tokens(300)
+    early, late = _capture_at(runtime, stream, 100, 200)
+    assert late.blob is not None
+    broken = Checkpoint(tokens=late.tokens, blob=bytes(late.blob[: len(late.blob) // 2]))
+    runtime.clear()
+    report = runtime.prepare(stream[:250], checkpoints=[broken, early])
+    assert report.failed_checkpoints == (broken.id,)
+    assert (report.source, report.checkpoint_pos) == (Source.CHECKPOINT, 99)
+    assert np.array_equal(runtime.last_logits(), _fresh_logits(runtime, stream[:250]))
+
+
+def test_the_live_cache_wins_a_tie_and_a_deeper_checkpoint_beats_it(
+    tiny_models: dict[str, Path], make_runtime: RuntimeFactory
+) -> None:
+    runtime = make_runtime(tiny_models["dense"], n_ctx=1024, n_batch=64)
+    stream = _tokens(300)
+    (at200,) = _capture_at(runtime, stream, 200)
+    runtime.clear()
+    runtime.prepare(stream[:200] + _tokens(50, seed=8))  # live shares 200 tokens with stream
+    report = runtime.prepare(stream[:260], checkpoints=[at200])
+    assert report.source is Source.LIVE and report.reused_tokens == 200
+    runtime.clear()
+    runtime.prepare(stream[:120] + _tokens(50, seed=8))  # live shares only 120
+    report = runtime.prepare(stream[:260], checkpoints=[at200])
+    assert report.source is Source.CHECKPOINT and report.reused_tokens == 200
+
+
+def test_the_smollm2_restore_is_bit_identical(
+    smollm2_path: Path, make_runtime: RuntimeFactory
+) -> None:
+    runtime = make_runtime(smollm2_path, n_ctx=1024, n_batch=256)
+    stream = _tokens(400)
+    (checkpoint,) = _capture_at(runtime, stream, 200)
+    runtime.clear()
+    runtime.prepare(stream, checkpoints=[checkpoint])
+    assert np.array_equal(runtime.last_logits(), _fresh_logits(runtime, stream))
+
+
+# --- the store -----------------------------------------------------------------------------
+
+
+def _fake(tokens: list[int], size: int, node: int) -> Checkpoint:
+    return Checkpoint(tokens=tuple(tokens), blob=bytearray(size), node_id=node)
+
+
+def test_budget_spills_the_least_valuable_to_disk_before_dropping(tmp_path: Path) -> None:
+    store = CheckpointStore(_identity(), ram_budget=2500, disk_dir=tmp_path, disk_budget=2000)
+    active = _fake([1, 2, 3], 1000, node=1)
+    old = _fake([1, 2, 4], 1000, node=2)
+    recent = _fake([1, 2, 5], 1000, node=3)
+    for checkpoint in (active, old, recent):
+        store.add(checkpoint)
+    store.protect([1])
+    store.enforce_budget()
+    stats = store.stats()
+    assert (stats.count, stats.ram_count, stats.disk_count) == (3, 2, 1)
+    assert stats.ram_bytes == 2000 and stats.disk_bytes > 1000
+    assert store.nodes_with_checkpoints() == {1: "ram", 2: "disk", 3: "ram"}
+    spilled = next(c for c in store.all() if c.node_id == 2)
+    fetched = store.fetch(spilled)
+    assert fetched is not None and fetched.blob == bytearray(1000)
+    # Over the disk budget too: the least valuable go for good.
+    store.ram_budget = 0
+    store.enforce_budget()
+    assert store.stats().disk_count <= 2 and store.stats().ram_count == 0
+
+
+def test_without_a_disk_tier_eviction_drops(tmp_path: Path) -> None:
+    store = CheckpointStore(_identity(), ram_budget=1000)
+    store.add(_fake([1], 800, node=1))
+    store.add(_fake([2], 800, node=2))
+    store.protect([2])
+    store.enforce_budget()
+    assert [c.node_id for c in store.all()] == [2]
+
+
+def test_deleting_nodes_frees_their_checkpoints(tmp_path: Path) -> None:
+    store = CheckpointStore(_identity(), ram_budget=0, disk_dir=tmp_path)
+    store.add(_fake([1], 10, node=1))
+    store.add(_fake([2], 10, node=2))
+    store.enforce_budget()  # both to disk
+    files = list(tmp_path.rglob("*.ckpt"))
+    assert len(files) == 2
+    assert store.drop_nodes([1, 7]) == 1
+    assert [c.node_id for c in store.all()] == [2]
+    assert len(list(tmp_path.rglob("*.ckpt"))) == 1
+
+
+def test_identity_changes_with_every_setting_that_shapes_the_state() -> None:
+    keys = {
+        _identity().key(),
+        _identity(model_sha256="b" * 64).key(),
+        _identity(n_ctx=2048).key(),
+        _identity(n_batch=128).key(),
+        _identity(type_k="q8_0").key(),
+        _identity(flash_attn="on").key(),
+        _identity(swa_full=True).key(),
+        _identity(llama_cpp_python="0.3.37").key(),
+    }
+    assert len(keys) == 8
+
+
+# --- faults on the disk tier: rejected before llama.cpp sees them -------------------------
+
+
+def _spill_session(runtime: Runtime, store: CheckpointStore) -> Session:
+    session = Session(runtime, system="S", sampling=GREEDY, seed=1, checkpoints=store)
+    session.send("Tell me about oak trees.", GenerationOptions(max_tokens=8))
+    session.send("And their roots?", GenerationOptions(max_tokens=8))
+    return session
+
+
+def _corrupt_truncate(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) - 100])
+
+
+def _corrupt_flip(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[-50] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("fault", ["truncate", "bitflip", "other_model", "other_n_ctx"])
+def test_a_damaged_or_foreign_disk_checkpoint_is_rejected_and_the_reply_stays_correct(
+    fault: str,
+    tiny_models: dict[str, Path],
+    make_runtime: RuntimeFactory,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    runtime = make_runtime(tiny_models["recurrent"], n_ctx=1024, n_batch=64)
+    disk = tmp_path / "tier"
+    store = CheckpointStore(runtime.identity(), ram_budget=0, disk_dir=disk)
+    session = _spill_session(runtime, store)
+    assert store.stats().disk_count > 0 and store.stats().ram_count == 0
+    files = sorted((disk / runtime.identity().key()).glob("*.ckpt"))
+    if fault in ("other_model", "other_n_ctx"):
+        # Blobs written by another context land where this one looks (a copied cache dir).
+        other_identity = (
+            replace(runtime.identity(), model_sha256="0" * 64)
+            if fault == "other_model"
+            else replace(runtime.identity(), n_ctx=2048)
+        )
+        foreign = CheckpointStore(other_identity, ram_budget=0, disk_dir=tmp_path / "other")
+        for checkpoint in store.all():
+            fetched = store.fetch(checkpoint)
+            assert fetched is not None
+            foreign.add(fetched)
+        foreign.enforce_budget()
+        for path in files:
+            path.unlink()
+        for path in (tmp_path / "other" / other_identity.key()).glob("*.ckpt"):
+            path.rename(disk / runtime.identity().key() / path.name)
+        store = CheckpointStore(runtime.identity(), ram_budget=0, disk_dir=disk)
+        assert len(store) == 0 and store.stats().rejected > 0  # refused at the index
+        session.checkpoints = store
+    else:
+        for path in files:
+            (_corrupt_truncate if fault == "truncate" else _corrupt_flip)(path)
+    handed: list[int] = []
+    original = runtime.ctx.state_set
+
+    def watched(blob: bytes | bytearray, flags: int = 0) -> int:
+        handed.append(len(blob))
+        return original(blob, flags)
+
+    monkeypatch.setattr(runtime.ctx, "state_set", watched)
+    runtime.clear()  # force the step to look for a checkpoint
+    session.tree.rewind(session.tree.message(2).id)
+    report = session.regenerate(GenerationOptions(max_tokens=8))
+    assert handed == []  # nothing damaged or foreign reached llama.cpp
+    assert report.source is Source.NONE
+
+    reference = Session(runtime, system="S", sampling=GREEDY, seed=1, use_cache=False)
+    reference.send("Tell me about oak trees.", GenerationOptions(max_tokens=8))
+    reference.send("And their roots?", GenerationOptions(max_tokens=8, seed=1 + 2))
+    assert report.text == reference.tree.message(3).text
+
+
+def test_disk_checkpoints_survive_a_restart_and_are_used_when_everything_matches(
+    tiny_models: dict[str, Path], make_runtime: RuntimeFactory, tmp_path: Path
+) -> None:
+    disk = tmp_path / "tier"
+    first = make_runtime(tiny_models["hybrid"], n_ctx=1024, n_batch=64)
+    store = CheckpointStore(first.identity(), ram_budget=0, disk_dir=disk)
+    _spill_session(first, store)
+    assert store.stats().disk_count > 0
+    first.close()
+
+    second = make_runtime(tiny_models["hybrid"], n_ctx=1024, n_batch=64)
+    reopened = CheckpointStore(second.identity(), disk_dir=disk)
+    assert len(reopened) == store.stats().disk_count
+    _spill_session(second, reopened)  # the same conversation, after a restart
+    assert reopened.stats().restored >= 1
+    assert reopened.stats().rejected == 0
+
+    other_ctx = make_runtime(tiny_models["hybrid"], n_ctx=512, n_batch=64)
+    assert len(CheckpointStore(other_ctx.identity(), disk_dir=disk)) == 0
+
+
+def test_the_just_restored_checkpoint_is_kept_and_no_new_one_is_made_at_once(
+    tiny_models: dict[str, Path], make_runtime: RuntimeFactory
+) -> None:
+    runtime = make_runtime(tiny_models["recurrent"], n_ctx=1024, n_batch=64)
+    store = CheckpointStore(runtime.identity())
+    session = _spill_session(runtime, store)
+    positions_before = sorted(c.pos_max for c in store.all())
+    restored_before = store.stats().restored
+    runtime.clear()
+    session.regenerate(GenerationOptions(max_tokens=8))
+    after = sorted(c.pos_max for c in store.all())
+    assert store.stats().restored == restored_before + 1
+    # The restored one is still there, and restoring it created nothing new: the prompt's
+    # end was already saved, and the gate knows where the last checkpoint is.
+    assert after == positions_before
+
+
+def test_deleting_a_branch_frees_its_checkpoints(
+    tiny_models: dict[str, Path], make_runtime: RuntimeFactory
+) -> None:
+    runtime = make_runtime(tiny_models["recurrent"], n_ctx=1024, n_batch=64)
+    store = CheckpointStore(runtime.identity())
+    session = _spill_session(runtime, store)
+    second_user = session.tree.message(2).id
+    attached = [c for c in store.all() if c.node_id == second_user]
+    assert attached
+    session.delete_branch(second_user)
+    assert all(c.node_id != second_user for c in store.all())
+    assert len(store) == session.checkpoints.stats().count  # type: ignore[union-attr]
