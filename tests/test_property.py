@@ -1,0 +1,126 @@
+"""Property: whatever sequence of tree operations a user performs, every reply with the cache
+and checkpoints equals the reply of a full reprocess, and no step decodes more than the tail
+after the best valid candidate."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from engine.checkpoints import CheckpointStore
+from engine.llama import SamplingParams
+from engine.model import MemoryKind
+from engine.runtime import MIN_TAIL, PrepareReport, Runtime, RuntimeSettings
+from engine.session import GenerationOptions, Session, StepReport
+from engine.tree import Role, TreeError
+from tests.conftest import ALL_KINDS
+
+TEXTS = ["Hello there.", "What is a tree?", "Say more.", "Why?", "List three birds.", "Ok."]
+
+operation = st.tuples(
+    st.sampled_from(["send", "send", "regenerate", "edit", "switch", "rewind", "delete"]),
+    st.integers(0, 20),
+    st.integers(0, 3),
+    st.sampled_from(TEXTS),
+)
+
+
+@pytest.fixture(scope="module")
+def runtimes(tiny_models: dict[str, Path]) -> Iterator[dict[str, tuple[Runtime, Runtime]]]:
+    """Per kind: one runtime for the cached session, one for the full-reprocess reference."""
+    opened: dict[str, tuple[Runtime, Runtime]] = {}
+    for kind in ALL_KINDS:
+        settings_ = RuntimeSettings(n_ctx=2048, n_batch=32)
+        path = tiny_models[kind.value]
+        opened[kind.value] = (Runtime(path, settings_), Runtime(path, settings_))
+    yield opened
+    for pair in opened.values():
+        for runtime in pair:
+            runtime.close()
+
+
+def _apply(session: Session, op: str, a: int, b: int, text: str) -> StepReport | None:
+    tree = session.tree
+    messages = tree.messages()
+    options = GenerationOptions(max_tokens=6)
+    try:
+        if op == "send":
+            if messages and messages[-1].role is Role.USER:
+                return session.continue_reply(options)
+            return session.send(text, options)
+        if op == "regenerate" and messages:
+            return session.regenerate(options)
+        if op == "edit" and messages:
+            node = messages[a % len(messages)]
+            return session.edit(node.id, text, options)
+        if op == "switch" and messages:
+            session.switch(messages[a % len(messages)].id, b)
+        elif op == "rewind" and messages:
+            session.rewind(messages[a % len(messages)].id)
+        elif op == "delete" and messages:
+            session.delete_branch(messages[a % len(messages)].id)
+    except TreeError:
+        return None
+    return None
+
+
+@pytest.mark.parametrize("kind", ALL_KINDS, ids=lambda k: k.value)
+@settings(
+    max_examples=10,
+    deadline=None,
+    derandomize=True,
+    database=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+)
+@given(ops=st.lists(operation, min_size=4, max_size=9))
+def test_random_tree_operations_never_change_a_reply(
+    kind: MemoryKind,
+    runtimes: dict[str, tuple[Runtime, Runtime]],
+    ops: list[tuple[str, int, int, str]],
+) -> None:
+    cached_rt, reference_rt = runtimes[kind.value]
+    cached_rt.clear()
+    sampling = SamplingParams(temperature=0.8)
+    store = CheckpointStore(cached_rt.identity(), ram_budget=64 << 20)
+    cached = Session(cached_rt, system="Be kind.", sampling=sampling, seed=11, checkpoints=store)
+    reference = Session(
+        reference_rt, system="Be kind.", sampling=sampling, seed=11, use_cache=False
+    )
+    bounds: list[int] = []
+    original = cached_rt.prepare
+
+    def watched(target: list[int], **kwargs: Any) -> PrepareReport:
+        limit = len(target) - MIN_TAIL
+        best = cached_rt.live_reuse(target)
+        for checkpoint in kwargs.get("checkpoints", ()):
+            if checkpoint.n_tokens <= limit and checkpoint.is_prefix_of(target):
+                best = max(best, checkpoint.n_tokens)
+        report = original(target, **kwargs)
+        bounds.append(len(target) - best)
+        if not report.failed_checkpoints:
+            assert report.decoded_tokens <= len(target) - best
+        return report
+
+    cached_rt.prepare = watched  # type: ignore[method-assign]
+    try:
+        for op, a, b, text in [("send", 0, 0, TEXTS[0]), *ops]:
+            mine = _apply(cached, op, a, b, text)
+            theirs = _apply(reference, op, a, b, text)
+            assert (mine is None) == (theirs is None)
+            if mine is not None and theirs is not None:
+                assert mine.text == theirs.text, f"{op}: cached reply differs"
+                if mine.prompt_tokens is not None:  # the step ran the model
+                    assert mine.reused_tokens is not None and mine.decoded_tokens is not None
+                    assert mine.reused_tokens + mine.decoded_tokens == mine.prompt_tokens
+                    assert mine.decoded_tokens <= bounds[-1]
+            assert [n.text for n in cached.tree.messages()] == [
+                n.text for n in reference.tree.messages()
+            ]
+    finally:
+        del cached_rt.prepare
+
