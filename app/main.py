@@ -7,7 +7,7 @@ import logging
 import sys
 
 from PySide6.QtCore import QThread, Signal, Slot
-from PySide6.QtGui import QKeySequence, QShortcut
+from PySide6.QtGui import QKeySequence, QShortcut, QTextCursor
 from PySide6.QtWidgets import (
     QApplication,
     QHBoxLayout,
@@ -116,10 +116,8 @@ class MainWindow(QMainWindow):
 
     @Slot(str)
     def _on_text(self, piece: str) -> None:
-        cursor = self.transcript.textCursor()
-        cursor.movePosition(cursor.MoveOperation.End)
-        cursor.insertText(piece)
-        self.transcript.setTextCursor(cursor)
+        self.transcript.moveCursor(QTextCursor.MoveOperation.End)
+        self.transcript.insertPlainText(piece)
 
     @Slot(object)
     def _on_returned(self, report: StepReport) -> None:

@@ -34,6 +34,8 @@ KV_TYPES: dict[str, int] = {
     "q4_0": lc.GGML_TYPE_Q4_0,
 }
 
+_NO_ABORT = lc.ggml_abort_callback(0)  # a NULL callback
+_ABORT_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
 _init_lock = threading.Lock()
 _initialised = False
 
@@ -243,14 +245,16 @@ class LlamaContext:
         cparams.swa_full = params.swa_full
         cparams.no_perf = True
         self._abort_check: Callable[[], bool] | None = None
-        self._abort_cb = lc.ggml_abort_callback(self._should_abort)
+        # Declared as returning int, not bool: CPython 3.11's ctypes mis-counts references of
+        # the bools a c_bool callback returns ("bool_dealloc" at exit). Same ABI for 0 / 1.
+        self._abort_fn = _ABORT_FN(self._should_abort)
+        self._abort_cb = ctypes.cast(self._abort_fn, lc.ggml_abort_callback)
         self._ptr = lc.llama_init_from_model(model.ptr, cparams)
         if not self._ptr:
             raise ModelLoadError(
                 f"llama.cpp could not create a context of {params.n_ctx} tokens for "
                 f"{model.path.name} (not enough memory, or an unsupported cache type)"
             )
-        lc.llama_set_abort_callback(self._ptr, self._abort_cb, ctypes.c_void_p(0))
         self.memory = lc.llama_get_memory(self._ptr)
         self.n_ctx = int(lc.llama_n_ctx(self._ptr))
         self._batch = lc.llama_batch_init(params.n_batch, 0, 1)
@@ -267,14 +271,20 @@ class LlamaContext:
 
     # --- abort -------------------------------------------------------------------------
 
-    def _should_abort(self, _data: ctypes.c_void_p) -> bool:
-        # Called by llama.cpp's compute threads while a decode runs.
+    def _should_abort(self, _data: ctypes.c_void_p) -> int:
+        # Called by llama.cpp's compute thread between graph nodes while a decode runs.
         check = self._abort_check
-        return bool(check is not None and check())
+        return 1 if check is not None and check() else 0
 
     def arm_abort(self, check: Callable[[], bool] | None) -> None:
-        """While armed, a decode stops mid-graph as soon as `check()` is true."""
+        """While armed, a decode stops mid-graph as soon as `check()` is true.
+
+        The callback runs in Python once per graph node, which costs about 7% of the
+        one-token decode speed, so it is registered only while armed (prompt decoding).
+        """
         self._abort_check = check
+        callback = self._abort_cb if check is not None else _NO_ABORT
+        lc.llama_set_abort_callback(self._ptr, callback, ctypes.c_void_p(0))
 
     # --- memory ------------------------------------------------------------------------
 
