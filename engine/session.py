@@ -193,14 +193,19 @@ class Session:
         ends = list(itertools.accumulate(len(node.tokens or ()) for node in path))
         store.protect(node.id for node in path)
         candidates = store.candidates(target)
-        saves = plan_saves(
-            self.runtime.memory_kind,
-            node_ends=ends,
-            prompt_len=len(target),
-            start=0,
-            last_pos=candidates[0].pos_max if candidates else -1,
-            interval=self.checkpoint_interval,
-        )
+        saved = {checkpoint.n_tokens for checkpoint in candidates}
+        saves = [
+            n
+            for n in plan_saves(
+                self.runtime.memory_kind,
+                node_ends=ends,
+                prompt_len=len(target),
+                start=0,
+                last_pos=candidates[0].pos_max if candidates else -1,
+                interval=self.checkpoint_interval,
+            )
+            if n not in saved  # a candidate of that length holds exactly that prefix
+        ]
 
         def keep(checkpoint: Checkpoint) -> None:
             # Attach it to the node holding its last token; the prompt's end (the reply's
