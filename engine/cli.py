@@ -37,6 +37,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="'none' clears the context and decodes the whole prompt at every step",
     )
     rp.add_argument("--report", type=Path, help="write the JSON report here (default: stdout)")
+    rp.add_argument("--db", type=Path, help="persist the conversation to this database")
     rp.add_argument(
         "--checkpoint-interval", type=int, default=DEFAULT_INTERVAL, metavar="TOKENS",
         help="at most one checkpoint per this many tokens inside long messages (<=0: none)",
@@ -94,7 +95,8 @@ def _replay(args: argparse.Namespace) -> int:
         disk_dir=data_dirs().cache / "checkpoints" if args.disk_tier else None,
     )
     report = replay(
-        scenario, model=args.model, cache=CacheMode(args.cache), checkpoints=options
+        scenario, model=args.model, cache=CacheMode(args.cache), checkpoints=options,
+        db=args.db,
     )
     text = json.dumps(report, indent=2, ensure_ascii=False) + "\n"
     if args.report:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import asdict, dataclass
 from enum import StrEnum
@@ -14,6 +15,7 @@ from engine.model import file_sha256, resolve_model
 from engine.runtime import Runtime, RuntimeSettings
 from engine.scenario import Op, Scenario, ScenarioError, Step
 from engine.session import GenerationOptions, Session, StepReport
+from engine.store import Store, StoreSink
 from engine.tree import TreeError
 
 log = logging.getLogger(__name__)
@@ -48,14 +50,17 @@ def replay(
     cache: CacheMode = CacheMode.CHECKPOINTS,
     runtime_settings: RuntimeSettings | None = None,
     checkpoints: CheckpointOptions | None = None,
+    db: Path | None = None,
 ) -> dict[str, Any]:
-    """Run every step and return the report (a JSON-ready dict)."""
+    """Run every step and return the report (a JSON-ready dict). With `db`, the
+    conversation is persisted to that store as it goes, one transaction per action."""
     check_supported(scenario)
     path = resolve_model(model or scenario.model, base=scenario.base_dir)
     settings = runtime_settings or RuntimeSettings(n_ctx=scenario.n_ctx, n_batch=scenario.n_batch)
     options = checkpoints or CheckpointOptions()
     runtime = Runtime(path, settings)
-    try:
+    with contextlib.ExitStack() as stack:
+        stack.callback(runtime.close)
         store = None
         if cache is CacheMode.CHECKPOINTS:
             store = CheckpointStore(
@@ -73,8 +78,18 @@ def replay(
             checkpoints=store,
             checkpoint_interval=options.interval,
         )
+        conversation_id = None
+        if db is not None:
+            conversations = Store(db)
+            stack.callback(conversations.close)
+            title = next((s.text for s in scenario.steps if s.text), "Replay") or "Replay"
+            conversation_id = conversations.create(
+                session.tree, title=title[:80], model=model_report(runtime)
+            )
+            session.sink = StoreSink(conversations, conversation_id)
         steps = [_step_dict(run_step(session, step)) for step in scenario.steps]
         return {
+            "conversation_id": conversation_id,
             "model": model_report(runtime),
             "cache": cache.value,
             "seed": scenario.seed,
@@ -82,8 +97,6 @@ def replay(
             "checkpoints": _store_report(store, options),
             "notices": list(runtime.notices),
         }
-    finally:
-        runtime.close()
 
 
 def run_step(session: Session, step: Step) -> StepReport:

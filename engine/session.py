@@ -9,8 +9,9 @@ from __future__ import annotations
 import bisect
 import itertools
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
+from typing import Protocol
 
 from engine.checkpoints import DEFAULT_INTERVAL, Checkpoint, CheckpointStore, plan_saves
 from engine.errors import Cancelled
@@ -30,6 +31,15 @@ from engine.tree import Node, NodeStatus, Role, Tree, TreeError
 log = logging.getLogger(__name__)
 
 TextFn = Callable[[str], None]
+
+
+class Sink(Protocol):
+    """Where a session's changes go to be kept (the store). Each call is one transaction."""
+
+    def action(self, tree: Tree, nodes: Sequence[Node], deleted: Sequence[int] = ()) -> None: ...
+
+    def streaming(self, node: Node) -> None:
+        """A growing reply; may be throttled (the store saves it about once a second)."""
 
 
 @dataclass(frozen=True)
@@ -77,8 +87,10 @@ class Session:
         use_cache: bool = True,
         checkpoints: CheckpointStore | None = None,
         checkpoint_interval: int = DEFAULT_INTERVAL,
+        sink: Sink | None = None,
     ) -> None:
         self.runtime = runtime
+        self.sink = sink
         self.checkpoints = checkpoints if use_cache else None
         self.checkpoint_interval = checkpoint_interval
         self.tree = tree if tree is not None else Tree(system)
@@ -98,7 +110,8 @@ class Session:
 
     def send(self, text: str, options: GenerationOptions | None = None) -> StepReport:
         """Add a user message at the active leaf and generate its reply."""
-        self.tree.add_child(self.tree.active_leaf, Role.USER, text)
+        message = self.tree.add_child(self.tree.active_leaf, Role.USER, text)
+        self._keep([message])
         return self._reply("send", options or GenerationOptions())
 
     def regenerate(self, options: GenerationOptions | None = None) -> StepReport:
@@ -108,6 +121,7 @@ class Session:
         if last.role is Role.ASSISTANT:
             assert last.parent is not None
             self.tree.set_active(last.parent)
+            self._keep([])
         elif last.role is not Role.USER:
             raise TreeError("there is no message to regenerate a reply to")
         return self._reply("regenerate", options or GenerationOptions())
@@ -119,20 +133,24 @@ class Session:
         if node.role is Role.SYSTEM:
             raise TreeError("the system prompt is not a message; it cannot be edited here")
         new = self.tree.add_sibling(node_id, text)
+        self._keep([new])
         if new.role is Role.USER:
             return self._reply("edit", options or GenerationOptions())
         return StepReport(op="edit", node_id=new.id, text=text)
 
     def switch(self, node_id: int, variant: int) -> StepReport:
         leaf = self.tree.switch_variant(node_id, variant)
+        self._keep([])
         return StepReport(op="switch", node_id=leaf)
 
     def rewind(self, node_id: int) -> StepReport:
         self.tree.rewind(node_id)
+        self._keep([])
         return StepReport(op="rewind", node_id=node_id)
 
     def delete_branch(self, node_id: int) -> StepReport:
         removed = self.tree.delete_branch(node_id)
+        self._keep([], deleted=removed)
         if self.checkpoints is not None:
             self.checkpoints.drop_nodes(removed)
         return StepReport(op="delete", node_id=self.tree.active_leaf)
@@ -154,9 +172,13 @@ class Session:
         reply = self.tree.add_child(path[-1].id, Role.ASSISTANT, "", status=NodeStatus.STREAMING)
         produced: list[int] = []
 
+        self._keep([reply])
+
         def on_token(token: int, piece: str) -> None:
             produced.append(token)
             reply.text += piece
+            if self.sink is not None:
+                self.sink.streaming(reply)
             if options.on_text:
                 options.on_text(piece)
 
@@ -238,7 +260,8 @@ class Session:
     ) -> None:
         if generation is None or generation.finish is FinishReason.CANCELLED:
             if not reply.text:
-                self.tree.delete_branch(reply.id)  # nothing was said: leave no empty reply
+                # Nothing was said: leave no empty reply behind.
+                self._keep([], deleted=self.tree.delete_branch(reply.id))
                 return
             reply.status = NodeStatus.INTERRUPTED
         else:
@@ -249,6 +272,11 @@ class Session:
         reply.meta["finish"] = (
             generation.finish.value if generation is not None else FinishReason.CANCELLED.value
         )
+        self._keep([reply])
+
+    def _keep(self, nodes: Sequence[Node], deleted: Sequence[int] = ()) -> None:
+        if self.sink is not None:
+            self.sink.action(self.tree, nodes, deleted)
 
 
 def _report(op: str, reply: Node, prepared: PrepareReport, generation: Generation) -> StepReport:

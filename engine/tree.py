@@ -59,6 +59,32 @@ class Tree:
         self.root_id = root.id
         self.active_leaf = root.id
 
+    @classmethod
+    def from_nodes(cls, nodes: list[Node], *, active_leaf: int | None) -> Tree:
+        """Rebuild a tree from stored nodes (parents, children order by id, pointers)."""
+        tree = cls.__new__(cls)
+        tree._nodes = {}
+        roots = [n for n in nodes if n.parent is None]
+        if len(roots) != 1:
+            raise TreeError(f"a stored conversation has {len(roots)} roots")
+        for node in sorted(nodes, key=lambda n: n.id):
+            node.children = []
+            tree._nodes[node.id] = node
+        for node in sorted(nodes, key=lambda n: n.id):
+            if node.parent is not None:
+                if node.parent not in tree._nodes:
+                    raise TreeError(f"stored message {node.id} has a missing parent")
+                tree._nodes[node.parent].children.append(node.id)
+        for node in tree._nodes.values():
+            if node.last_active_child not in (None, *node.children):
+                node.last_active_child = node.children[-1] if node.children else None
+        tree.root_id = roots[0].id
+        tree._next_id = max(tree._nodes) + 1
+        leaf = active_leaf if active_leaf in tree._nodes else tree.root_id
+        tree.active_leaf = tree.root_id
+        tree.set_active(leaf)
+        return tree
+
     # --- reading -----------------------------------------------------------------------
 
     def node(self, node_id: int) -> Node:

@@ -1,0 +1,540 @@
+"""SQLite persistence of conversation trees, to the standard of software people trust.
+
+- WAL, `synchronous=FULL`, foreign keys; one transaction per user action.
+- A schema version (`PRAGMA user_version`) and numbered migrations, applied in one
+  transaction after a backup copy of the file. A file that is not an Arbor database, or is
+  from a newer Arbor, is never written to: `StoreOpenError`, and the file stays as it was.
+- Every write error (disk full, I/O error, read-only file) becomes `StoreWriteError` with a
+  clear message; the transaction is rolled back, so nothing already saved is lost.
+- A reply that was streaming when the process died reopens as interrupted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import shutil
+import sqlite3
+import time
+from array import array
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from engine.errors import ArborError
+from engine.paths import data_dirs
+from engine.records import ConversationRecord, NodeRecord, from_tree, to_tree, validate
+from engine.tree import Node, NodeStatus, Role, Tree
+
+log = logging.getLogger(__name__)
+
+DB_NAME = "conversations.db"
+PURGE_AFTER_S = 30 * 24 * 3600  # soft-deleted conversations are purged after 30 days
+
+
+class StoreError(ArborError):
+    """A problem with the conversation database."""
+
+
+class StoreOpenError(StoreError):
+    """The database cannot be opened or migrated; the file was left untouched."""
+
+
+class StoreWriteError(StoreError):
+    """A change could not be saved (disk full, I/O error); nothing saved before is lost."""
+
+
+def _migration_1(db: sqlite3.Connection) -> None:
+    # Statement by statement: executescript() would COMMIT the migration's transaction.
+    _run_script(
+        db,
+        """
+        CREATE TABLE conversations (
+            id INTEGER PRIMARY KEY,
+            title TEXT NOT NULL,
+            created REAL NOT NULL,
+            updated REAL NOT NULL,
+            deleted_at REAL,
+            active_leaf INTEGER,
+            settings TEXT NOT NULL DEFAULT '{}',
+            model TEXT
+        );
+        CREATE TABLE nodes (
+            conversation_id INTEGER NOT NULL REFERENCES conversations(id) ON DELETE CASCADE,
+            id INTEGER NOT NULL,
+            parent_id INTEGER,
+            role TEXT NOT NULL CHECK (role IN ('system', 'user', 'assistant')),
+            text TEXT NOT NULL,
+            tokens BLOB,
+            created REAL NOT NULL,
+            status TEXT NOT NULL CHECK (status IN ('complete', 'streaming', 'interrupted')),
+            last_active_child INTEGER,
+            meta TEXT NOT NULL DEFAULT '{}',
+            PRIMARY KEY (conversation_id, id),
+            FOREIGN KEY (conversation_id, parent_id) REFERENCES nodes(conversation_id, id)
+                ON DELETE CASCADE
+        );
+        CREATE INDEX nodes_parent ON nodes(conversation_id, parent_id);
+        CREATE VIRTUAL TABLE nodes_fts USING fts5(text);
+        CREATE TABLE nodes_fts_map (
+            rowid INTEGER PRIMARY KEY,
+            conversation_id INTEGER NOT NULL,
+            node_id INTEGER NOT NULL,
+            UNIQUE (conversation_id, node_id)
+        );
+        """
+    )
+
+
+def _run_script(db: sqlite3.Connection, script: str) -> None:
+    for statement in script.split(";"):
+        if statement.strip():
+            db.execute(statement)
+
+
+# Numbered migrations: MIGRATIONS[i] brings the schema from version i to i + 1.
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_migration_1]
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+@dataclass(frozen=True)
+class ConversationInfo:
+    id: int
+    title: str
+    created: float
+    updated: float
+    deleted_at: float | None
+    messages: int
+
+
+@dataclass(frozen=True)
+class SearchHit:
+    conversation_id: int
+    node_id: int
+    title: str
+    snippet: str
+
+
+class Store:
+    """One SQLite database of conversations. Not shared between threads: the GUI thread
+    owns it (the engine thread never writes conversations)."""
+
+    def __init__(self, path: Path | None = None) -> None:
+        self.path = path or data_dirs().data / DB_NAME
+        self._db = self._open(self.path)
+        self._recover_streaming()
+
+    def close(self) -> None:
+        self._db.close()
+
+    def __enter__(self) -> Store:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
+
+    # --- opening -----------------------------------------------------------------------
+
+    def _open(self, path: Path) -> sqlite3.Connection:
+        existed = path.exists() and path.stat().st_size > 0
+        if existed:
+            _check_header(path)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            db = sqlite3.connect(path, isolation_level=None, check_same_thread=True)
+        except (OSError, sqlite3.Error) as exc:
+            raise StoreOpenError(f"cannot open the conversation database {path}: {exc}") from exc
+        try:
+            db.execute("PRAGMA foreign_keys = ON")
+            version = int(db.execute("PRAGMA user_version").fetchone()[0])
+            if version > SCHEMA_VERSION:
+                raise StoreOpenError(
+                    f"{path.name} was written by a newer Arbor (schema {version}, this one "
+                    f"knows {SCHEMA_VERSION}); it was left untouched"
+                )
+            if version < SCHEMA_VERSION:
+                self._migrate(db, path, version, existed)
+            mode = db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+            if str(mode).lower() != "wal":
+                log.warning("the database could not switch to WAL (mode %s)", mode)
+            db.execute("PRAGMA synchronous = FULL")
+            db.execute("PRAGMA busy_timeout = 5000")
+        except StoreOpenError:
+            db.close()
+            raise
+        except sqlite3.Error as exc:
+            db.close()
+            raise StoreOpenError(
+                f"cannot open the conversation database {path.name}: {exc}; it was left "
+                f"untouched"
+            ) from exc
+        return db
+
+    def _migrate(self, db: sqlite3.Connection, path: Path, version: int, existed: bool) -> None:
+        if existed:
+            backup = path.with_name(f"{path.name}.v{version}-{int(time.time())}.bak")
+            try:
+                with contextlib.closing(sqlite3.connect(backup)) as target:
+                    db.backup(target)
+            except sqlite3.Error as exc:
+                raise StoreOpenError(
+                    f"cannot back up {path.name} before upgrading it ({exc}); it was left "
+                    f"untouched"
+                ) from exc
+            log.info("backed up %s to %s before migrating", path.name, backup.name)
+        db.execute("BEGIN IMMEDIATE")
+        try:
+            for step in range(version, SCHEMA_VERSION):
+                MIGRATIONS[step](db)
+            db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            db.execute("COMMIT")
+        except BaseException:
+            db.execute("ROLLBACK")
+            raise
+
+    def _recover_streaming(self) -> None:
+        """Replies that were streaming when the process died are interrupted, not lost."""
+        with self._tx():
+            self._db.execute(
+                "UPDATE nodes SET status = 'interrupted' WHERE status = 'streaming'"
+            )
+
+    # --- transactions ------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _tx(self) -> Iterator[sqlite3.Connection]:
+        """One transaction; any SQLite error rolls it back and becomes StoreWriteError."""
+        try:
+            self._db.execute("BEGIN IMMEDIATE")
+        except sqlite3.Error as exc:
+            raise _write_error(exc) from exc
+        try:
+            yield self._db
+            self._db.execute("COMMIT")
+        except BaseException as exc:
+            with contextlib.suppress(sqlite3.Error):
+                self._db.execute("ROLLBACK")
+            if isinstance(exc, sqlite3.Error):
+                raise _write_error(exc) from exc
+            raise
+
+    # --- conversations -----------------------------------------------------------------
+
+    def create(self, tree: Tree, *, title: str = "New conversation",
+               settings: dict[str, Any] | None = None,
+               model: dict[str, Any] | None = None) -> int:
+        """Save a whole tree as a new conversation, in one transaction."""
+        now = time.time()
+        with self._tx() as db:
+            cursor = db.execute(
+                "INSERT INTO conversations (title, created, updated, active_leaf, settings, "
+                "model) VALUES (?, ?, ?, ?, ?, ?)",
+                (title, now, now, tree.active_leaf, json.dumps(settings or {}),
+                 json.dumps(model) if model is not None else None),
+            )
+            conversation_id = int(cursor.lastrowid or 0)
+            self._write_nodes(db, conversation_id, [tree.node(i) for i in tree.subtree(
+                tree.root_id)])
+        return conversation_id
+
+    def save(self, conversation_id: int, tree: Tree, nodes: Sequence[Node] = (),
+             *, deleted: Sequence[int] = ()) -> None:
+        """One user action: write the given nodes (new or changed), the last-active
+        pointers of the active path, the active leaf and deletions, in one transaction."""
+        touched = {n.id: n for n in (*tree.active_path(), *nodes) if n.id in tree}
+        with self._tx() as db:
+            self._require(db, conversation_id)
+            if deleted:
+                self._delete_nodes(db, conversation_id, deleted)
+            self._write_nodes(db, conversation_id, list(touched.values()))
+            db.execute(
+                "UPDATE conversations SET active_leaf = ?, updated = ? WHERE id = ?",
+                (tree.active_leaf, time.time(), conversation_id),
+            )
+
+    def update_text(self, conversation_id: int, node: Node) -> None:
+        """Save a growing reply (its text and status) in a small transaction."""
+        with self._tx() as db:
+            db.execute(
+                "UPDATE nodes SET text = ?, status = ? WHERE conversation_id = ? AND id = ?",
+                (node.text, node.status.value, conversation_id, node.id),
+            )
+            self._index_text(db, conversation_id, node.id, node.text)
+
+    def load(self, conversation_id: int) -> Tree:
+        rows = self._db.execute(
+            "SELECT id, parent_id, role, text, tokens, created, status, last_active_child, "
+            "meta FROM nodes WHERE conversation_id = ? ORDER BY id",
+            (conversation_id,),
+        ).fetchall()
+        conversation = self._db.execute(
+            "SELECT active_leaf FROM conversations WHERE id = ?", (conversation_id,)
+        ).fetchone()
+        if conversation is None or not rows:
+            raise StoreError(f"conversation {conversation_id} does not exist")
+        return Tree.from_nodes([_node_from_row(r) for r in rows], active_leaf=conversation[0])
+
+    def record(self, conversation_id: int) -> ConversationRecord:
+        """The conversation as a record (for export)."""
+        info = self._info(conversation_id)
+        row = self._db.execute(
+            "SELECT settings, model FROM conversations WHERE id = ?", (conversation_id,)
+        ).fetchone()
+        tree = self.load(conversation_id)
+        return from_tree(
+            tree, title=info.title, created=info.created,
+            settings=json.loads(row[0]), model=json.loads(row[1]) if row[1] else None,
+        )
+
+    def import_records(self, records: Sequence[ConversationRecord]) -> list[int]:
+        """Add conversations from a file, all in one transaction: on any error, none."""
+        trees = []
+        for record in records:
+            validate(record)
+            trees.append((record, to_tree(record)))
+        ids: list[int] = []
+        with self._tx() as db:
+            for record, tree in trees:
+                cursor = db.execute(
+                    "INSERT INTO conversations (title, created, updated, active_leaf, "
+                    "settings, model) VALUES (?, ?, ?, ?, ?, ?)",
+                    (record.title, record.created or time.time(),
+                     record.updated or time.time(), tree.active_leaf,
+                     json.dumps(record.settings),
+                     json.dumps(record.model) if record.model is not None else None),
+                )
+                conversation_id = int(cursor.lastrowid or 0)
+                self._write_nodes(db, conversation_id,
+                                  [tree.node(i) for i in tree.subtree(tree.root_id)])
+                ids.append(conversation_id)
+        return ids
+
+    def list(self, *, include_deleted: bool = False) -> list[ConversationInfo]:
+        """Conversations, most recently updated first."""
+        where = "" if include_deleted else "WHERE c.deleted_at IS NULL"
+        rows = self._db.execute(
+            "SELECT c.id, c.title, c.created, c.updated, c.deleted_at, "
+            "(SELECT COUNT(*) FROM nodes n WHERE n.conversation_id = c.id) - 1 "
+            f"FROM conversations c {where} ORDER BY c.updated DESC, c.id DESC"
+        ).fetchall()
+        return [ConversationInfo(*row) for row in rows]
+
+    def rename(self, conversation_id: int, title: str) -> None:
+        with self._tx() as db:
+            self._require(db, conversation_id)
+            db.execute("UPDATE conversations SET title = ? WHERE id = ?", (title, conversation_id))
+
+    def delete(self, conversation_id: int) -> None:
+        """Soft delete: hidden from the list and search, restorable with `undelete`."""
+        with self._tx() as db:
+            self._require(db, conversation_id)
+            db.execute(
+                "UPDATE conversations SET deleted_at = ? WHERE id = ?",
+                (time.time(), conversation_id),
+            )
+
+    def undelete(self, conversation_id: int) -> None:
+        with self._tx() as db:
+            db.execute(
+                "UPDATE conversations SET deleted_at = NULL WHERE id = ?", (conversation_id,)
+            )
+
+    def purge(self, *, older_than_s: float = PURGE_AFTER_S) -> int:
+        """Remove soft-deleted conversations for good once they are old enough."""
+        cutoff = time.time() - older_than_s
+        with self._tx() as db:
+            doomed = [r[0] for r in db.execute(
+                "SELECT id FROM conversations WHERE deleted_at IS NOT NULL AND deleted_at <= ?",
+                (cutoff,),
+            )]
+            for conversation_id in doomed:
+                self._unindex_conversation(db, conversation_id)
+                db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
+        return len(doomed)
+
+    def fork(self, conversation_id: int, node_id: int, *, title: str | None = None) -> int:
+        """A new conversation holding the path from the root to `node_id`."""
+        source = self.load(conversation_id)
+        path = source.path_to(node_id)
+        tree = Tree(path[0].text)
+        tree.root.tokens = path[0].tokens
+        for node in path[1:]:
+            copy = tree.add_child(tree.active_leaf, node.role, node.text, status=node.status)
+            copy.tokens, copy.created, copy.meta = node.tokens, node.created, dict(node.meta)
+        info = self._info(conversation_id)
+        return self.create(tree, title=title or f"{info.title} (fork)")
+
+    def search(self, query: str, *, limit: int = 50) -> list[SearchHit]:
+        """Full-text search over message text (FTS5), deleted conversations excluded."""
+        terms = " ".join('"' + word.replace('"', '""') + '"' for word in query.split())
+        if not terms:
+            return []
+        rows = self._db.execute(
+            "SELECT m.conversation_id, m.node_id, c.title, "
+            "snippet(nodes_fts, 0, '[', ']', '…', 12) "
+            "FROM nodes_fts JOIN nodes_fts_map m ON m.rowid = nodes_fts.rowid "
+            "JOIN conversations c ON c.id = m.conversation_id "
+            "WHERE nodes_fts MATCH ? AND c.deleted_at IS NULL "
+            "ORDER BY c.updated DESC, rank LIMIT ?",
+            (terms, limit),
+        ).fetchall()
+        return [SearchHit(*row) for row in rows]
+
+    def integrity_ok(self) -> bool:
+        return self._db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+
+    # --- internals ---------------------------------------------------------------------
+
+    def _info(self, conversation_id: int) -> ConversationInfo:
+        for info in self.list(include_deleted=True):
+            if info.id == conversation_id:
+                return info
+        raise StoreError(f"conversation {conversation_id} does not exist")
+
+    @staticmethod
+    def _require(db: sqlite3.Connection, conversation_id: int) -> None:
+        if db.execute("SELECT 1 FROM conversations WHERE id = ?",
+                      (conversation_id,)).fetchone() is None:
+            raise StoreError(f"conversation {conversation_id} does not exist")
+
+    def _write_nodes(self, db: sqlite3.Connection, conversation_id: int,
+                     nodes: Sequence[Node]) -> None:
+        # Parents first, so the foreign key to the parent row always holds.
+        for node in sorted(nodes, key=lambda n: n.id):
+            db.execute(
+                "INSERT INTO nodes (conversation_id, id, parent_id, role, text, tokens, "
+                "created, status, last_active_child, meta) VALUES (?,?,?,?,?,?,?,?,?,?) "
+                "ON CONFLICT (conversation_id, id) DO UPDATE SET text = excluded.text, "
+                "tokens = excluded.tokens, status = excluded.status, "
+                "last_active_child = excluded.last_active_child, meta = excluded.meta",
+                (conversation_id, node.id, node.parent, node.role.value, node.text,
+                 _pack_tokens(node.tokens), node.created, node.status.value,
+                 node.last_active_child, json.dumps(node.meta)),
+            )
+            self._index_text(db, conversation_id, node.id, node.text)
+
+    def _index_text(self, db: sqlite3.Connection, conversation_id: int, node_id: int,
+                    text: str) -> None:
+        row = db.execute(
+            "SELECT rowid FROM nodes_fts_map WHERE conversation_id = ? AND node_id = ?",
+            (conversation_id, node_id),
+        ).fetchone()
+        if row is not None:
+            db.execute("UPDATE nodes_fts SET text = ? WHERE rowid = ?", (text, row[0]))
+            return
+        cursor = db.execute(
+            "INSERT INTO nodes_fts_map (conversation_id, node_id) VALUES (?, ?)",
+            (conversation_id, node_id),
+        )
+        db.execute("INSERT INTO nodes_fts (rowid, text) VALUES (?, ?)", (cursor.lastrowid, text))
+
+    def _delete_nodes(self, db: sqlite3.Connection, conversation_id: int,
+                      node_ids: Sequence[int]) -> None:
+        for node_id in node_ids:
+            row = db.execute(
+                "SELECT rowid FROM nodes_fts_map WHERE conversation_id = ? AND node_id = ?",
+                (conversation_id, node_id),
+            ).fetchone()
+            if row is not None:
+                db.execute("DELETE FROM nodes_fts WHERE rowid = ?", (row[0],))
+                db.execute("DELETE FROM nodes_fts_map WHERE rowid = ?", (row[0],))
+        for node_id in sorted(node_ids, reverse=True):
+            db.execute("DELETE FROM nodes WHERE conversation_id = ? AND id = ?",
+                       (conversation_id, node_id))
+
+    def _unindex_conversation(self, db: sqlite3.Connection, conversation_id: int) -> None:
+        rows = db.execute("SELECT rowid FROM nodes_fts_map WHERE conversation_id = ?",
+                          (conversation_id,)).fetchall()
+        for (rowid,) in rows:
+            db.execute("DELETE FROM nodes_fts WHERE rowid = ?", (rowid,))
+        db.execute("DELETE FROM nodes_fts_map WHERE conversation_id = ?", (conversation_id,))
+
+
+class StoreSink:
+    """Connects a Session to the store: one transaction per action, a streaming reply saved
+    at most `interval_s` behind."""
+
+    def __init__(self, store: Store, conversation_id: int, *, interval_s: float = 1.0) -> None:
+        self.store = store
+        self.conversation_id = conversation_id
+        self.interval_s = interval_s
+        self._last = 0.0
+
+    def action(self, tree: Tree, nodes: Sequence[Node], deleted: Sequence[int] = ()) -> None:
+        self.store.save(self.conversation_id, tree, nodes, deleted=deleted)
+        self._last = time.monotonic()
+
+    def streaming(self, node: Node) -> None:
+        now = time.monotonic()
+        if now - self._last >= self.interval_s:
+            self.store.update_text(self.conversation_id, node)
+            self._last = now
+
+
+def _check_header(path: Path) -> None:
+    """Refuse, without writing, a file that is not an SQLite database."""
+    try:
+        with path.open("rb") as f:
+            head = f.read(16)
+    except OSError as exc:
+        raise StoreOpenError(f"cannot read the conversation database {path}: {exc}") from exc
+    if head != b"SQLite format 3\x00":
+        raise StoreOpenError(
+            f"{path.name} is not an Arbor conversation database (damaged or another file); "
+            f"it was left untouched"
+        )
+
+
+def _write_error(exc: sqlite3.Error) -> StoreWriteError:
+    text = str(exc).lower()
+    if "full" in text:
+        reason = "the disk is full"
+    elif "readonly" in text or "read-only" in text:
+        reason = "the database is read-only"
+    elif "i/o" in text:
+        reason = "the disk reported an I/O error"
+    else:
+        reason = str(exc)
+    return StoreWriteError(f"could not save the conversation: {reason}; nothing saved before "
+                           f"was lost")
+
+
+def _pack_tokens(tokens: tuple[int, ...] | None) -> bytes | None:
+    return None if tokens is None else array("i", tokens).tobytes()
+
+
+def _unpack_tokens(blob: bytes | None) -> tuple[int, ...] | None:
+    if blob is None:
+        return None
+    values = array("i")
+    values.frombytes(blob)
+    return tuple(values)
+
+
+def _node_from_row(row: tuple[Any, ...]) -> Node:
+    node_id, parent, role, text, tokens, created, status, last_active, meta = row
+    return Node(
+        id=node_id, parent=parent, role=Role(role), text=text, created=created,
+        tokens=_unpack_tokens(tokens), status=NodeStatus(status),
+        last_active_child=last_active, meta=json.loads(meta),
+    )
+
+
+def copy_aside(path: Path) -> Path:
+    """Keep a copy of a database that could not be opened (before the user starts over)."""
+    target = path.with_name(f"{path.name}.unreadable-{int(time.time())}")
+    shutil.copy2(path, target)
+    return target
+
+
+__all__ = [
+    "ConversationInfo",
+    "NodeRecord",
+    "SearchHit",
+    "Store",
+    "StoreError",
+    "StoreOpenError",
+    "StoreWriteError",
+]

@@ -1,0 +1,224 @@
+"""The conversation store: persistence, transactions, migrations, hostile files, errors."""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from engine.replay import replay
+from engine.scenario import parse_scenario
+from engine.store import SCHEMA_VERSION, Store, StoreOpenError, StoreSink, StoreWriteError
+from engine.tree import NodeStatus, Role, Tree
+
+
+def _tree(*texts: str, system: str = "sys") -> Tree:
+    tree = Tree(system)
+    for i, text in enumerate(texts):
+        tree.add_child(tree.active_leaf, Role.USER if i % 2 == 0 else Role.ASSISTANT, text)
+    return tree
+
+
+def _shape(tree: Tree) -> list[tuple[Any, ...]]:
+    return sorted(
+        (n.id, n.parent, n.role.value, n.text, n.tokens, n.status.value, n.last_active_child)
+        for n in tree.nodes()
+    )
+
+
+def test_a_tree_round_trips_with_every_branch(tmp_path: Path) -> None:
+    tree = _tree("q1", "r1", "q2", "r2")
+    tree.node(2).tokens = (1, 2, 3)
+    tree.add_sibling(tree.message(0).id, "q1 again")
+    tree.switch_variant(tree.message(0).id, 0)
+    with Store(tmp_path / "c.db") as store:
+        cid = store.create(tree, title="Trees")
+        loaded = store.load(cid)
+    assert _shape(loaded) == _shape(tree)
+    assert loaded.active_leaf == tree.active_leaf
+    assert [n.text for n in loaded.messages()] == ["q1", "r1", "q2", "r2"]
+
+
+def test_list_rename_soft_delete_undo_and_purge(tmp_path: Path) -> None:
+    with Store(tmp_path / "c.db") as store:
+        first = store.create(_tree("a"), title="first")
+        second = store.create(_tree("b"), title="second")
+        assert [c.title for c in store.list()] == ["second", "first"]
+        store.save(first, store.load(first))  # touching it makes it the newest
+        assert [c.id for c in store.list()] == [first, second]
+        store.rename(first, "renamed")
+        store.delete(second)
+        assert [c.title for c in store.list()] == ["renamed"]
+        assert store.purge(older_than_s=3600) == 0  # too recent to purge
+        store.undelete(second)
+        assert {c.id for c in store.list()} == {first, second}
+        store.delete(second)
+        assert store.purge(older_than_s=0) == 1
+        assert [c.id for c in store.list(include_deleted=True)] == [first]
+        assert store.search("b") == []
+
+
+def test_full_text_search_finds_messages_and_skips_deleted(tmp_path: Path) -> None:
+    with Store(tmp_path / "c.db") as store:
+        oak = store.create(_tree("Tell me about oak trees", "Oaks live long."), title="Oak")
+        store.create(_tree("What is a river?"), title="River")
+        hits = store.search("oak")
+        assert {(h.conversation_id, h.title) for h in hits} == {(oak, "Oak")}
+        assert any("[Oak" in h.snippet or "[oak" in h.snippet for h in hits)
+        assert store.search('"quoted" AND NEAR(') == []  # user text is never FTS syntax
+        store.delete(oak)
+        assert store.search("oak") == []
+
+
+def test_fork_copies_the_path_to_a_new_conversation(tmp_path: Path) -> None:
+    tree = _tree("q1", "r1", "q2", "r2")
+    with Store(tmp_path / "c.db") as store:
+        cid = store.create(tree, title="Base")
+        fork = store.fork(cid, tree.message(1).id)
+        forked = store.load(fork)
+        assert [n.text for n in forked.messages()] == ["q1", "r1"]
+        assert store.list()[0].title == "Base (fork)"
+        assert len(store.load(cid)) == 5  # the source is unchanged
+
+
+def test_a_streaming_reply_survives_a_crash_as_interrupted(tmp_path: Path) -> None:
+    db = tmp_path / "c.db"
+    store = Store(db)
+    tree = _tree("q")
+    cid = store.create(tree, title="t")
+    sink = StoreSink(store, cid, interval_s=0.0)
+    reply = tree.add_child(tree.active_leaf, Role.ASSISTANT, "", status=NodeStatus.STREAMING)
+    sink.action(tree, [reply])
+    reply.text = "partial answ"
+    sink.streaming(reply)
+    # The process dies here: no final save, no close.
+    with Store(db) as reopened:
+        node = reopened.load(cid).node(reply.id)
+    assert (node.text, node.status) == ("partial answ", NodeStatus.INTERRUPTED)
+    store.close()
+
+
+def test_streaming_saves_are_throttled(tmp_path: Path) -> None:
+    with Store(tmp_path / "c.db") as store:
+        tree = _tree("q")
+        cid = store.create(tree, title="t")
+        sink = StoreSink(store, cid, interval_s=3600)
+        reply = tree.add_child(tree.active_leaf, Role.ASSISTANT, "", status=NodeStatus.STREAMING)
+        sink.action(tree, [reply])
+        reply.text = "grown"
+        sink.streaming(reply)  # within the interval: not written yet
+        assert store.load(cid).node(reply.id).text == ""
+
+
+def test_a_file_that_is_not_a_database_is_refused_and_kept(tmp_path: Path) -> None:
+    db = tmp_path / "c.db"
+    db.write_bytes(b"my precious notes, not a database" * 100)
+    before = db.read_bytes()
+    with pytest.raises(StoreOpenError, match="not an Arbor conversation database"):
+        Store(db)
+    assert db.read_bytes() == before
+
+
+def test_a_database_from_a_newer_arbor_is_refused_and_kept(tmp_path: Path) -> None:
+    db = tmp_path / "c.db"
+    Store(db).close()
+    with sqlite3.connect(db) as raw:
+        raw.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 5}")
+    before = db.read_bytes()
+    with pytest.raises(StoreOpenError, match="newer Arbor"):
+        Store(db)
+    assert db.read_bytes() == before
+
+
+def test_a_damaged_database_is_refused_and_kept(tmp_path: Path) -> None:
+    db = tmp_path / "c.db"
+    with Store(db) as store:
+        store.create(_tree("a"), title="t")
+    data = bytearray(db.read_bytes())
+    data[100:4096] = b"\xff" * (4096 - 100)  # wreck the schema page
+    db.write_bytes(bytes(data))
+    with pytest.raises(StoreOpenError, match="left untouched"):
+        Store(db)
+    assert db.read_bytes() == bytes(data)
+
+
+def test_migration_backs_up_the_file_first(tmp_path: Path) -> None:
+    db = tmp_path / "c.db"
+    with sqlite3.connect(db) as raw:  # an old, version-0 database with something in it
+        raw.execute("CREATE TABLE legacy (x)")
+        raw.execute("INSERT INTO legacy VALUES (42)")
+    with Store(db) as store:
+        assert store.list() == []
+    backups = list(tmp_path.glob("c.db.v0-*.bak"))
+    assert len(backups) == 1
+    with sqlite3.connect(backups[0]) as raw:
+        assert raw.execute("SELECT x FROM legacy").fetchall() == [(42,)]
+
+
+def test_disk_full_gives_a_clear_error_and_loses_nothing(tmp_path: Path) -> None:
+    with Store(tmp_path / "c.db") as store:
+        cid = store.create(_tree("kept"), title="t")
+        pages = store._db.execute("PRAGMA page_count").fetchone()[0]
+        store._db.execute(f"PRAGMA max_page_count = {pages}")
+        big = _tree("x" * 2_000_000)
+        with pytest.raises(StoreWriteError, match="the disk is full"):
+            store.create(big, title="too big")
+        assert [c.id for c in store.list()] == [cid]
+        assert store.load(cid).message(0).text == "kept"
+        assert store.integrity_ok()
+
+
+class _FailingConnection:
+    """Passes everything to SQLite but fails writes of nodes like a dying disk."""
+
+    def __init__(self, real: sqlite3.Connection) -> None:
+        self.real = real
+
+    def execute(self, sql: str, *args: Any) -> Any:
+        if sql.startswith("INSERT INTO nodes ("):
+            raise sqlite3.OperationalError("disk I/O error")
+        return self.real.execute(sql, *args)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.real, name)
+
+
+def test_an_io_error_mid_action_rolls_the_whole_action_back(tmp_path: Path) -> None:
+    with Store(tmp_path / "c.db") as store:
+        cid = store.create(_tree("q", "r"), title="t")
+        tree = store.load(cid)
+        real = store._db
+        store._db = _FailingConnection(real)  # type: ignore[assignment]
+        new = tree.add_sibling(tree.message(0).id, "edited")
+        with pytest.raises(StoreWriteError, match="I/O error"):
+            store.save(cid, tree, [new])
+        store._db = real
+        reloaded = store.load(cid)
+        assert [n.text for n in reloaded.messages()] == ["q", "r"]
+        assert len(reloaded) == 3
+        assert store.integrity_ok()
+
+
+def test_replay_persists_every_operation(tmp_path: Path, tiny_models: dict[str, Path]) -> None:
+    db = tmp_path / "c.db"
+    scenario = parse_scenario({
+        "model": str(tiny_models["dense"]), "n_ctx": 1024, "n_batch": 64, "seed": 3,
+        "steps": [
+            {"op": "send", "text": "first", "max_tokens": 5},
+            {"op": "send", "text": "second", "max_tokens": 5},
+            {"op": "edit", "message": 0, "text": "first, edited", "max_tokens": 5},
+            {"op": "regenerate", "max_tokens": 5},
+            {"op": "switch", "message": 0, "variant": 0},
+        ],
+    })
+    report = replay(scenario, db=db)
+    with Store(db) as store:
+        tree = store.load(report["conversation_id"])
+    assert [n.text for n in tree.messages()] == [
+        "first", report["steps"][0]["text"], "second", report["steps"][1]["text"],
+    ]
+    assert len(tree) == 1 + 4 + 1 + 2  # root, first branch, the edit and two replies
+    assert all(n.status is NodeStatus.COMPLETE for n in tree.nodes())
+    assert all(n.tokens for n in tree.nodes() if n.role is Role.ASSISTANT)
