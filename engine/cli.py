@@ -10,10 +10,13 @@ from pathlib import Path
 
 from engine.checkpoints import DEFAULT_INTERVAL
 from engine.errors import ArborError, ModelLoadError, ModelNotFoundError
+from engine.formats import FormatError
 from engine.model import list_models, read_model_info, resolve_model
 from engine.paths import data_dirs
 from engine.replay import CacheMode, CheckpointOptions, replay
 from engine.scenario import ScenarioError, load_scenario
+from engine.store import Store, StoreOpenError
+from engine.transfer import FileFormat, export_file, format_for_export, import_file
 
 log = logging.getLogger("engine")
 
@@ -52,6 +55,18 @@ def build_parser() -> argparse.ArgumentParser:
     info.add_argument("model", nargs="?", default="default")
 
     sub.add_parser("models", help="list the bundled model and the models folder")
+
+    ex = sub.add_parser("export", help="write conversations to a file")
+    ex.add_argument("--db", type=Path, help="the conversation database (default: the user's)")
+    ex.add_argument("--conversation", type=int, action="append", required=True,
+                    help="a conversation id (repeat for several)")
+    ex.add_argument("--format", choices=[f.value for f in FileFormat],
+                    help="default: from OUT's suffix (.arbor, .json = ChatGPT, .md)")
+    ex.add_argument("out", type=Path)
+
+    im = sub.add_parser("import", help="add conversations from a session file or export")
+    im.add_argument("file", type=Path)
+    im.add_argument("--db", type=Path, help="the conversation database (default: the user's)")
     return parser
 
 
@@ -71,11 +86,26 @@ def main(argv: list[str] | None = None) -> int:
                 "has_chat_template": info.chat_template is not None,
             })
             return EXIT_OK
+        if args.command == "export":
+            with Store(args.db) as store:
+                export_file(store, args.conversation, args.out,
+                            format_for_export(args.out, args.format))
+            sys.stdout.write(f"wrote {args.out}\n")
+            return EXIT_OK
+        if args.command == "import":
+            with Store(args.db) as store:
+                result = import_file(args.file, store)
+            for cid, title in zip(result.conversation_ids, result.titles, strict=True):
+                sys.stdout.write(f"imported conversation {cid}: {title}\n")
+            if result.checkpoints_dropped:
+                sys.stdout.write(f"dropped {result.checkpoints_dropped} checkpoints made "
+                                 f"elsewhere (the engine will reprocess)\n")
+            return EXIT_OK
         if args.command == "models":
             for path in list_models(data_dirs()):
                 sys.stdout.write(f"{path}\n")
             return EXIT_OK
-    except (ScenarioError, ModelNotFoundError, ModelLoadError) as exc:
+    except (ScenarioError, ModelNotFoundError, ModelLoadError, FormatError, StoreOpenError) as exc:
         sys.stderr.write(f"arbor-engine: {exc}\n")
         return EXIT_BAD_INPUT
     except ArborError as exc:

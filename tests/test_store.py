@@ -222,3 +222,26 @@ def test_replay_persists_every_operation(tmp_path: Path, tiny_models: dict[str, 
     assert len(tree) == 1 + 4 + 1 + 2  # root, first branch, the edit and two replies
     assert all(n.status is NodeStatus.COMPLETE for n in tree.nodes())
     assert all(n.tokens for n in tree.nodes() if n.role is Role.ASSISTANT)
+
+
+def test_a_failing_migration_changes_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import engine.store as store_module
+
+    db = tmp_path / "c.db"
+    with sqlite3.connect(db) as raw:
+        raw.execute("CREATE TABLE legacy (x)")
+
+    def broken(conn: sqlite3.Connection) -> None:
+        conn.execute("CREATE TABLE half_done (y)")
+        raise sqlite3.OperationalError("simulated failure in migration 2")
+
+    monkeypatch.setattr(store_module, "MIGRATIONS", [*store_module.MIGRATIONS, broken])
+    monkeypatch.setattr(store_module, "SCHEMA_VERSION", len(store_module.MIGRATIONS))
+    with pytest.raises(StoreOpenError, match="simulated failure"):
+        Store(db)
+    with sqlite3.connect(db) as raw:
+        tables = {r[0] for r in raw.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == 0
+    assert tables == {"legacy"}  # neither migration 1 nor the half of 2 was kept

@@ -1,0 +1,151 @@
+"""JSON that cannot surprise the code reading it.
+
+`json.loads` accepts things no exporter writes and that break code further on: NaN and
+Infinity, duplicate keys (the last one silently wins), lone surrogates (text that cannot be
+encoded again), integers of thousands of digits (slow, then ValueError past 4300), and nesting
+deep enough to raise RecursionError. `loads_strict` rejects all of them with a `FormatError`
+before any of that can happen.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from itertools import accumulate
+from typing import Any
+
+from engine.formats import FormatError
+
+MAX_INT_DIGITS = 30
+# A float literal longer than this is not something an exporter writes (repr() needs <= 24).
+MAX_FLOAT_CHARS = 64
+
+# A string literal, or the rest of the text after an unterminated one. Once it starts matching
+# it cannot fail, so the regex never backtracks and the depth scan stays linear on any input.
+_STRING = re.compile(r'"[^"\\]*(?:\\(?:.|\Z)[^"\\]*)*(?:"|\Z)', re.DOTALL)
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+_DEPTH_STEP = {"[": 1, "{": 1, "]": -1, "}": -1}
+
+
+def loads_strict(data: bytes | str, *, max_bytes: int, max_depth: int = 64) -> Any:
+    """Parse JSON, raising FormatError for anything outside plain, finite, unambiguous JSON."""
+    text = _decode(data, max_bytes)
+    _check_depth(text, max_depth)
+    try:
+        value = json.loads(
+            text,
+            object_pairs_hook=_object_without_duplicates,
+            parse_constant=_reject_constant,
+            parse_int=_bounded_int,
+            parse_float=_finite_float,
+        )
+    except json.JSONDecodeError as error:
+        raise FormatError(
+            f"the file is not valid JSON: {error.msg} (line {error.lineno}, column {error.colno})"
+        ) from None
+    except RecursionError:  # unreachable after the depth scan; kept so no traceback escapes
+        raise FormatError(f"the file nests deeper than {max_depth} levels") from None
+    _check_unicode(value)
+    return value
+
+
+def dumps_strict(obj: Any) -> bytes:
+    """Compact UTF-8 JSON that `loads_strict` reads back (no NaN, no lone surrogates)."""
+    try:
+        text = json.dumps(obj, ensure_ascii=False, allow_nan=False, separators=(",", ":"))
+        return text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise FormatError("cannot write the file: a text contains a lone surrogate") from None
+    except ValueError as error:
+        raise FormatError(f"cannot write the file: {error}") from None
+
+
+def _decode(data: bytes | str, max_bytes: int) -> str:
+    """The text of `data`, after the size and encoding checks (a leading BOM is dropped)."""
+    if isinstance(data, str):
+        if len(data) > max_bytes or len(data.encode("utf-8", "surrogatepass")) > max_bytes:
+            raise FormatError(f"the file is larger than the limit of {max_bytes} bytes")
+        return data
+    if len(data) > max_bytes:
+        raise FormatError(
+            f"the file is {len(data)} bytes, larger than the limit of {max_bytes} bytes"
+        )
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as error:
+        raise FormatError(f"the file is not valid UTF-8 (at byte {error.start})") from None
+
+
+def _check_depth(text: str, max_depth: int) -> None:
+    """Reject nesting deeper than `max_depth` before json.loads recurses into it.
+
+    String literals are removed first so brackets inside text do not count; what is left is
+    only brackets, whose running sum is the depth. Mismatched brackets are json.loads's job.
+    """
+    brackets = _NOT_BRACKET.sub("", _STRING.sub("", text))
+    if not brackets:
+        return
+    deepest = max(accumulate(map(_DEPTH_STEP.__getitem__, brackets)))
+    if deepest > max_depth:
+        raise FormatError(f"the file nests arrays and objects deeper than {max_depth} levels")
+
+
+def _object_without_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in out:
+            raise FormatError(f"an object has the key {_short(key)} twice")
+        out[key] = value
+    return out
+
+
+def _reject_constant(name: str) -> Any:
+    raise FormatError(f"the file contains {name}, which is not a JSON number")
+
+
+def _bounded_int(literal: str) -> int:
+    if len(literal.lstrip("-")) > MAX_INT_DIGITS:
+        raise FormatError(f"a number has more than {MAX_INT_DIGITS} digits")
+    return int(literal)
+
+
+def _finite_float(literal: str) -> float:
+    if len(literal) > MAX_FLOAT_CHARS:
+        raise FormatError(f"a number is written with more than {MAX_FLOAT_CHARS} characters")
+    value = float(literal)
+    if value in (float("inf"), float("-inf")):
+        raise FormatError(f"the number {literal} is too large")
+    return value
+
+
+def _check_unicode(value: Any) -> None:
+    """Reject lone surrogates (json.loads makes them from escapes like "\\ud800")."""
+    stack = [value]
+    while stack:
+        current = stack.pop()
+        if isinstance(current, str):
+            _check_text(current)
+        elif isinstance(current, dict):
+            for key, item in current.items():
+                _check_text(key)
+                stack.append(item)
+        elif isinstance(current, list):
+            stack.extend(current)
+
+
+def _check_text(text: str) -> None:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as error:
+        code = ord(text[error.start])
+        raise FormatError(
+            f"a string contains a lone surrogate (\\u{code:04x}), which is not valid Unicode"
+        ) from None
+
+
+def _short(text: str, limit: int = 40) -> str:
+    """A one-line quotation of `text` for an error message."""
+    return repr(text if len(text) <= limit else text[:limit] + "...")
+
+
+__all__ = ["MAX_INT_DIGITS", "dumps_strict", "loads_strict"]
