@@ -11,7 +11,9 @@ from pathlib import Path
 from typing import Any
 
 from engine.checkpoints import DEFAULT_INTERVAL, CheckpointStore
+from engine.formats.native import write_session
 from engine.model import file_sha256, resolve_model
+from engine.records import from_tree
 from engine.runtime import Runtime, RuntimeSettings
 from engine.scenario import Op, Scenario, ScenarioError, Step
 from engine.session import GenerationOptions, Session, StepReport
@@ -24,15 +26,6 @@ log = logging.getLogger(__name__)
 class CacheMode(StrEnum):
     CHECKPOINTS = "checkpoints"  # reuse the live cache (and checkpoints) wherever valid
     NONE = "none"  # clear the context and decode the whole prompt at every step
-
-
-def check_supported(scenario: Scenario) -> None:
-    """Refuse, before loading anything, steps this build cannot perform."""
-    for step in scenario.steps:
-        if step.op is Op.EXPORT:
-            raise ScenarioError(
-                f"{step.describe()}: session files are not part of this build yet"
-            )
 
 
 @dataclass(frozen=True)
@@ -54,7 +47,6 @@ def replay(
 ) -> dict[str, Any]:
     """Run every step and return the report (a JSON-ready dict). With `db`, the
     conversation is persisted to that store as it goes, one transaction per action."""
-    check_supported(scenario)
     path = resolve_model(model or scenario.model, base=scenario.base_dir)
     settings = runtime_settings or RuntimeSettings(n_ctx=scenario.n_ctx, n_batch=scenario.n_batch)
     options = checkpoints or CheckpointOptions()
@@ -119,10 +111,22 @@ def run_step(session: Session, step: Step) -> StepReport:
                 assert step.message is not None
                 return session.rewind(tree.message(step.message).id)
             case Op.EXPORT:
-                raise ScenarioError(f"{step.describe()}: session files are not part of this build")
+                assert step.path is not None
+                out = Path(step.path)
+                record = from_tree(session.tree, title="Replay", model=_model_identity(session))
+                write_session(out, [record])
+                return StepReport(op="export", node_id=tree.active_leaf, text=str(out))
     except TreeError as exc:
         raise ScenarioError(f"{step.describe()}: {exc}") from exc
+    except OSError as exc:
+        raise ScenarioError(f"{step.describe()}: cannot write {step.path}: {exc}") from exc
     raise AssertionError(step.op)
+
+
+def _model_identity(session: Session) -> dict[str, Any]:
+    model = session.runtime.model
+    return {"name": model.info.name, "file_sha256": file_sha256(model.path),
+            "architecture": model.info.architecture}
 
 
 def model_report(runtime: Runtime) -> dict[str, Any]:

@@ -163,3 +163,21 @@ def test_replay_of_a_step_that_does_not_fit_the_tree_exits_2(
         "arbor-engine: step 1 (edit): message 5 does not exist "
         "(the active path has 2 messages)"
     ]
+
+
+def test_replay_export_step_writes_the_whole_tree(
+    tmp_path: Path, tiny_models: dict[str, Path]
+) -> None:
+    from engine.formats.native import read_session
+    from engine.records import to_tree
+
+    out = tmp_path / "session.arbor"
+    steps = [*STEPS[:6], {"op": "export", "path": str(out)}]
+    report = replay(parse_scenario(_scenario(tiny_models["recurrent"]) | {"steps": steps}))
+    assert report["steps"][-1]["op"] == "export"
+    (record,) = read_session(out).conversations
+    tree = to_tree(record)
+    assert len(tree) == 1 + 3 * 2 + 2 + 1 + 2  # root, 3 sends, an edit, a regeneration, an edit
+    texts = [s["text"] for s in report["steps"][:6]]
+    assert texts[5] in [n.text for n in tree.messages()]
+    assert all(n.tokens for n in tree.nodes() if n.role.value == "assistant")
