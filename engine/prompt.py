@@ -126,6 +126,14 @@ class PromptBuilder:
         closing = self._reply_frame[1]
         return self.generation_prompt(path) + list(generated) + self._tok.tokenize(closing)
 
+    def open_reply_tokens(self, path: Sequence[Node], reply: Node) -> list[int]:
+        """A reply's tokens without its closing text: the prompt to continue it from."""
+        open_len = reply.meta.get("open_len")
+        if reply.tokens is not None and isinstance(open_len, int) and self._reply_frame:
+            return list(reply.tokens[:open_len])
+        # Imported or edited replies: the generation prompt and the text as the model writes it.
+        return self.generation_prompt(path) + self._tok.tokenize(reply.text)
+
     # --- internals ---------------------------------------------------------------------
 
     def _render_node(self, path: Sequence[Node], index: int) -> list[int]:

@@ -163,14 +163,42 @@ class Session:
 
     # --- the work ----------------------------------------------------------------------
 
-    def _reply(self, op: str, options: GenerationOptions) -> StepReport:
-        """Prepare the active path's prompt and generate a reply as a new active leaf."""
-        path = self.tree.active_path()
-        prepared = self._prepare(path, options)
+    def resume(self, node_id: int, options: GenerationOptions | None = None) -> StepReport:
+        """Continue an assistant reply where it stopped (an interrupted one, typically)."""
+        node = self.tree.node(node_id)
+        if node.role is not Role.ASSISTANT or node.parent is None:
+            raise TreeError("only an assistant reply can be continued")
+        self.tree.set_active(node.id)
+        self._keep([])
+        return self._reply("continue", options or GenerationOptions(), resume=node)
+
+    def _reply(
+        self, op: str, options: GenerationOptions, *, resume: Node | None = None
+    ) -> StepReport:
+        """Prepare the prompt and generate: a new reply as the active leaf, or more of
+        `resume`'s text."""
+        if resume is None:
+            path = self.tree.active_path()
+            before: list[int] = []
+            base_text = ""
+            target = self.prompts.target(path)
+        else:
+            assert resume.parent is not None
+            path = self.tree.path_to(resume.parent)
+            opened = self.prompts.open_reply_tokens(path, resume)
+            before = opened[len(self.prompts.generation_prompt(path)):]
+            base_text = resume.text
+            target = self.prompts.path_tokens(path) + opened
+        prepared = self._prepare(path, options, target)
         seed = options.seed if options.seed is not None else self.seed + self.generations
         self.generations += 1
-        reply = self.tree.add_child(path[-1].id, Role.ASSISTANT, "", status=NodeStatus.STREAMING)
-        produced: list[int] = []
+        if resume is None:
+            reply = self.tree.add_child(path[-1].id, Role.ASSISTANT, "",
+                                        status=NodeStatus.STREAMING)
+        else:
+            reply = resume
+            reply.status = NodeStatus.STREAMING
+        produced: list[int] = list(before)
 
         self._keep([reply])
 
@@ -191,17 +219,18 @@ class Session:
                 cancel=options.cancel,
             )
         except BaseException:
-            self._finish_reply(reply, path, None, produced)
+            self._finish_reply(reply, path, None, produced, base_text)
             raise
-        self._finish_reply(reply, path, generation, generation.tokens)
+        self._finish_reply(reply, path, generation, [*before, *generation.tokens], base_text)
         if self.checkpoints is not None:
             self.checkpoints.enforce_budget()  # after the reply: spilling never delays it
         return _report(op, reply, prepared, generation)
 
-    def _prepare(self, path: list[Node], options: GenerationOptions) -> PrepareReport:
-        """Bring the runtime to the path's prompt by the cheapest valid plan, capturing
-        checkpoints where the placement policy puts them."""
-        target = self.prompts.target(path)
+    def _prepare(
+        self, path: list[Node], options: GenerationOptions, target: list[int]
+    ) -> PrepareReport:
+        """Bring the runtime to `target` (the path's prompt) by the cheapest valid plan,
+        capturing checkpoints where the placement policy puts them."""
         if not self.use_cache:
             self.runtime.clear()
             return self.runtime.prepare(
@@ -257,9 +286,10 @@ class Session:
         path: list[Node],
         generation: Generation | None,
         generated: list[int] | tuple[int, ...],
+        base_text: str = "",
     ) -> None:
         if generation is None or generation.finish is FinishReason.CANCELLED:
-            if not reply.text:
+            if not reply.text and not base_text:
                 # Nothing was said: leave no empty reply behind.
                 self._keep([], deleted=self.tree.delete_branch(reply.id))
                 return
@@ -267,8 +297,9 @@ class Session:
         else:
             reply.status = NodeStatus.COMPLETE
         if generation is not None:
-            reply.text = generation.text
+            reply.text = base_text + generation.text
         reply.tokens = tuple(self.prompts.reply_tokens(path, generated, reply.text))
+        reply.meta["open_len"] = len(self.prompts.generation_prompt(path)) + len(generated)
         reply.meta["finish"] = (
             generation.finish.value if generation is not None else FinishReason.CANCELLED.value
         )
