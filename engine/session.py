@@ -6,17 +6,15 @@ the model returns a `StepReport` saying exactly what was reused and what was dec
 
 from __future__ import annotations
 
-import bisect
-import itertools
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Protocol
 
-from engine.checkpoints import DEFAULT_INTERVAL, Checkpoint, CheckpointStore, plan_saves
+from engine.checkpoints import DEFAULT_INTERVAL, CheckpointStore
 from engine.errors import Cancelled
+from engine.generator import Generator
 from engine.llama import SamplingParams
-from engine.prompt import CHATML_TEMPLATE, ChatTemplate, PromptBuilder, Tokenizer
 from engine.runtime import (
     CancelFn,
     FinishReason,
@@ -91,20 +89,26 @@ class Session:
     ) -> None:
         self.runtime = runtime
         self.sink = sink
-        self.checkpoints = checkpoints if use_cache else None
-        self.checkpoint_interval = checkpoint_interval
         self.tree = tree if tree is not None else Tree(system)
-        self.sampling = sampling or SamplingParams()
         self.seed = seed
         self.use_cache = use_cache
         self.generations = 0
-        model = runtime.model
-        source = model.chat_template()
-        if source is None:
-            log.warning("%s has no chat template; using ChatML", model.path.name)
-            source = CHATML_TEMPLATE
-        template = ChatTemplate(source, bos_text=model.bos_text, eos_text=model.eos_text)
-        self.prompts = PromptBuilder(template, Tokenizer(tokenize=model.tokenize, bos=model.bos))
+        self.generator = Generator(
+            runtime,
+            sampling=sampling,
+            use_cache=use_cache,
+            checkpoints=checkpoints,
+            checkpoint_interval=checkpoint_interval,
+        )
+        self.prompts = self.generator.prompts
+
+    @property
+    def checkpoints(self) -> CheckpointStore | None:
+        return self.generator.checkpoints
+
+    @checkpoints.setter
+    def checkpoints(self, store: CheckpointStore | None) -> None:
+        self.generator.checkpoints = store if self.use_cache else None
 
     # --- operations --------------------------------------------------------------------
 
@@ -151,8 +155,7 @@ class Session:
     def delete_branch(self, node_id: int) -> StepReport:
         removed = self.tree.delete_branch(node_id)
         self._keep([], deleted=removed)
-        if self.checkpoints is not None:
-            self.checkpoints.drop_nodes(removed)
+        self.generator.forget(removed)
         return StepReport(op="delete", node_id=self.tree.active_leaf)
 
     def continue_reply(self, options: GenerationOptions | None = None) -> StepReport:
@@ -177,19 +180,13 @@ class Session:
     ) -> StepReport:
         """Prepare the prompt and generate: a new reply as the active leaf, or more of
         `resume`'s text."""
-        if resume is None:
-            path = self.tree.active_path()
-            before: list[int] = []
-            base_text = ""
-            target = self.prompts.target(path)
-        else:
-            assert resume.parent is not None
-            path = self.tree.path_to(resume.parent)
-            opened = self.prompts.open_reply_tokens(path, resume)
-            before = opened[len(self.prompts.generation_prompt(path)):]
-            base_text = resume.text
-            target = self.prompts.path_tokens(path) + opened
-        prepared = self._prepare(path, options, target)
+        path = self.tree.active_path() if resume is None else self.tree.path_to(
+            resume.parent if resume.parent is not None else resume.id
+        )
+        prepared = self.generator.prepare(
+            path, resume=resume, on_progress=options.on_progress, cancel=options.cancel
+        )
+        before, base_text = list(prepared.before), prepared.base_text
         seed = options.seed if options.seed is not None else self.seed + self.generations
         self.generations += 1
         if resume is None:
@@ -211,74 +208,16 @@ class Session:
                 options.on_text(piece)
 
         try:
-            generation = self.runtime.generate(
-                max_tokens=options.max_tokens,
-                sampling=self.sampling,
-                seed=seed,
-                on_token=on_token,
+            generation = self.generator.generate(
+                max_tokens=options.max_tokens, seed=seed, on_token=on_token,
                 cancel=options.cancel,
             )
         except BaseException:
             self._finish_reply(reply, path, None, produced, base_text)
             raise
         self._finish_reply(reply, path, generation, [*before, *generation.tokens], base_text)
-        if self.checkpoints is not None:
-            self.checkpoints.enforce_budget()  # after the reply: spilling never delays it
-        return _report(op, reply, prepared, generation)
-
-    def _prepare(
-        self, path: list[Node], options: GenerationOptions, target: list[int]
-    ) -> PrepareReport:
-        """Bring the runtime to `target` (the path's prompt) by the cheapest valid plan,
-        capturing checkpoints where the placement policy puts them."""
-        if not self.use_cache:
-            self.runtime.clear()
-            return self.runtime.prepare(
-                target, use_live=False, on_progress=options.on_progress, cancel=options.cancel
-            )
-        store = self.checkpoints
-        if store is None:
-            return self.runtime.prepare(
-                target, on_progress=options.on_progress, cancel=options.cancel
-            )
-        ends = list(itertools.accumulate(len(node.tokens or ()) for node in path))
-        store.protect(node.id for node in path)
-        candidates = store.candidates(target)
-        saved = {checkpoint.n_tokens for checkpoint in candidates}
-        saves = [
-            n
-            for n in plan_saves(
-                self.runtime.memory_kind,
-                node_ends=ends,
-                prompt_len=len(target),
-                start=0,
-                last_pos=candidates[0].pos_max if candidates else -1,
-                interval=self.checkpoint_interval,
-            )
-            if n not in saved  # a candidate of that length holds exactly that prefix
-        ]
-
-        def keep(checkpoint: Checkpoint) -> None:
-            # Attach it to the node holding its last token; the prompt's end (the reply's
-            # generation prompt) belongs to the last message of the path.
-            index = bisect.bisect_left(ends, checkpoint.n_tokens)
-            node = path[min(index, len(path) - 1)]
-            store.add(replace(checkpoint, node_id=node.id))
-
-        prepared = self.runtime.prepare(
-            target,
-            checkpoints=candidates,
-            fetch=store.fetch,
-            save_at=saves,
-            on_checkpoint=keep,
-            on_progress=options.on_progress,
-            cancel=options.cancel,
-        )
-        for checkpoint_id in prepared.failed_checkpoints:
-            store.reject(checkpoint_id)
-        if prepared.checkpoint_id is not None:
-            store.mark_restored(prepared.checkpoint_id)
-        return prepared
+        self.generator.after_reply()
+        return _report(op, reply, prepared.report, generation)
 
     def _finish_reply(
         self,
@@ -298,8 +237,9 @@ class Session:
             reply.status = NodeStatus.COMPLETE
         if generation is not None:
             reply.text = base_text + generation.text
-        reply.tokens = tuple(self.prompts.reply_tokens(path, generated, reply.text))
-        reply.meta["open_len"] = len(self.prompts.generation_prompt(path)) + len(generated)
+        finished = self.generator.reply_tokens(path, generated, reply.text)
+        reply.tokens = finished.tokens
+        reply.meta["open_len"] = finished.open_len
         reply.meta["finish"] = (
             generation.finish.value if generation is not None else FinishReason.CANCELLED.value
         )

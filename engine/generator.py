@@ -1,0 +1,175 @@
+"""Generating a reply for a path of the tree: the model's half of a conversation.
+
+`Generator` owns the runtime, the prompt builder and the checkpoint store. It reads a path of
+nodes (their role, text and tokens; it fills in tokens a node does not have yet) and produces
+a reply's text and tokens, but never changes the tree's shape. `Session` applies its results to
+a tree on the same thread (the command line); the app runs it on the engine thread on copies of
+the path and applies the results on the GUI thread.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
+
+from engine.checkpoints import DEFAULT_INTERVAL, Checkpoint, CheckpointStore, plan_saves
+from engine.llama import SamplingParams
+from engine.prompt import CHATML_TEMPLATE, ChatTemplate, PromptBuilder, Tokenizer
+from engine.runtime import CancelFn, Generation, PrepareReport, ProgressFn, Runtime
+from engine.tree import Node
+
+log = logging.getLogger(__name__)
+
+TokenFn = Callable[[int, str], None]
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """The context holds the prompt; generation can start."""
+
+    report: PrepareReport
+    before: tuple[int, ...]  # tokens the reply already has (when continuing one)
+    base_text: str  # text the reply already has (when continuing one)
+
+
+@dataclass(frozen=True)
+class ReplyTokens:
+    tokens: tuple[int, ...]  # generation prompt + generated tokens + the template's closing
+    open_len: int  # tokens before the closing: where a continuation starts
+
+
+class Generator:
+    def __init__(
+        self,
+        runtime: Runtime,
+        *,
+        sampling: SamplingParams | None = None,
+        use_cache: bool = True,
+        checkpoints: CheckpointStore | None = None,
+        checkpoint_interval: int = DEFAULT_INTERVAL,
+    ) -> None:
+        self.runtime = runtime
+        self.sampling = sampling or SamplingParams()
+        self.use_cache = use_cache
+        self.checkpoints = checkpoints if use_cache else None
+        self.checkpoint_interval = checkpoint_interval
+        model = runtime.model
+        source = model.chat_template()
+        if source is None:
+            log.warning("%s has no chat template; using ChatML", model.path.name)
+            source = CHATML_TEMPLATE
+        template = ChatTemplate(source, bos_text=model.bos_text, eos_text=model.eos_text)
+        self.prompts = PromptBuilder(template, Tokenizer(tokenize=model.tokenize, bos=model.bos))
+
+    # --- the three steps of a reply ------------------------------------------------------
+
+    def prepare(
+        self,
+        path: Sequence[Node],
+        *,
+        resume: Node | None = None,
+        on_progress: ProgressFn | None = None,
+        cancel: CancelFn | None = None,
+    ) -> Prepared:
+        """Bring the context to the prompt for a reply after `path` (or for more of
+        `resume`, a reply whose parent is path[-1]) by the cheapest valid plan."""
+        if resume is None:
+            before: list[int] = []
+            base_text = ""
+            target = self.prompts.target(path)
+        else:
+            opened = self.prompts.open_reply_tokens(path, resume)
+            before = opened[len(self.prompts.generation_prompt(path)):]
+            base_text = resume.text
+            target = self.prompts.path_tokens(path) + opened
+        report = self._prepare(list(path), target, on_progress, cancel)
+        return Prepared(report, tuple(before), base_text)
+
+    def generate(
+        self,
+        *,
+        max_tokens: int,
+        seed: int,
+        on_token: TokenFn | None = None,
+        cancel: CancelFn | None = None,
+    ) -> Generation:
+        return self.runtime.generate(
+            max_tokens=max_tokens, sampling=self.sampling, seed=seed, on_token=on_token,
+            cancel=cancel,
+        )
+
+    def reply_tokens(
+        self, path: Sequence[Node], generated: Sequence[int], text: str
+    ) -> ReplyTokens:
+        tokens = self.prompts.reply_tokens(path, generated, text)
+        open_len = len(self.prompts.generation_prompt(path)) + len(generated)
+        return ReplyTokens(tuple(tokens), open_len)
+
+    def after_reply(self) -> None:
+        """Spill checkpoints over the budget: after the reply, so it never delays one."""
+        if self.checkpoints is not None:
+            self.checkpoints.enforce_budget()
+
+    def forget(self, node_ids: Iterable[int]) -> None:
+        """Deleted nodes: free their checkpoints."""
+        if self.checkpoints is not None:
+            self.checkpoints.drop_nodes(node_ids)
+
+    # --- internals -----------------------------------------------------------------------
+
+    def _prepare(
+        self,
+        path: list[Node],
+        target: list[int],
+        on_progress: ProgressFn | None,
+        cancel: CancelFn | None,
+    ) -> PrepareReport:
+        if not self.use_cache:
+            self.runtime.clear()
+            return self.runtime.prepare(
+                target, use_live=False, on_progress=on_progress, cancel=cancel
+            )
+        store = self.checkpoints
+        if store is None:
+            return self.runtime.prepare(target, on_progress=on_progress, cancel=cancel)
+        ends = list(itertools.accumulate(len(node.tokens or ()) for node in path))
+        store.protect(node.id for node in path)
+        candidates = store.candidates(target)
+        saved = {checkpoint.n_tokens for checkpoint in candidates}
+        saves = [
+            n
+            for n in plan_saves(
+                self.runtime.memory_kind,
+                node_ends=ends,
+                prompt_len=len(target),
+                start=0,
+                last_pos=candidates[0].pos_max if candidates else -1,
+                interval=self.checkpoint_interval,
+            )
+            if n not in saved  # a candidate of that length holds exactly that prefix
+        ]
+
+        def keep(checkpoint: Checkpoint) -> None:
+            # Attach it to the node holding its last token; the prompt's end (the reply's
+            # generation prompt) belongs to the last message of the path.
+            index = bisect.bisect_left(ends, checkpoint.n_tokens)
+            node = path[min(index, len(path) - 1)]
+            store.add(replace(checkpoint, node_id=node.id))
+
+        prepared = self.runtime.prepare(
+            target,
+            checkpoints=candidates,
+            fetch=store.fetch,
+            save_at=saves,
+            on_checkpoint=keep,
+            on_progress=on_progress,
+            cancel=cancel,
+        )
+        for checkpoint_id in prepared.failed_checkpoints:
+            store.reject(checkpoint_id)
+        if prepared.checkpoint_id is not None:
+            store.mark_restored(prepared.checkpoint_id)
+        return prepared
