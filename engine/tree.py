@@ -230,6 +230,21 @@ class Tree:
             self.set_active(self.follow_last_active(parent.id))
         return removed
 
+    def reinsert(self, nodes: list[Node], position: int, *, active_leaf: int) -> None:
+        """Undo of `delete_branch`: put removed nodes back (same ids, same place)."""
+        top = nodes[0]
+        if top.parent is None or top.parent not in self._nodes:
+            raise TreeError("the branch's parent no longer exists")
+        for node in nodes:
+            if node.id in self._nodes:
+                raise TreeError(f"node {node.id} exists already")
+        for node in nodes:
+            self._nodes[node.id] = node
+        siblings = self._nodes[top.parent].children
+        siblings.insert(min(position, len(siblings)), top.id)
+        self._next_id = max(self._next_id, *(n.id + 1 for n in nodes))
+        self.set_active(active_leaf if active_leaf in self._nodes else top.id)
+
     def _new_node(
         self,
         parent: int | None,

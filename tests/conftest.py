@@ -25,6 +25,30 @@ def _arbor_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     return home
 
 
+@pytest.fixture(autouse=True)
+def _no_thread_left_running(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """Fail any test that leaves a QThread running (napari's fixture, in spirit)."""
+    from PySide6.QtCore import QThread
+
+    started: list[QThread] = []
+    original = QThread.start
+
+    def start(self: QThread, *args: object) -> None:
+        started.append(self)
+        original(self, *args)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(QThread, "start", start)
+    yield
+    running = [t.objectName() or repr(t) for t in started if _alive(t) and t.isRunning()]
+    assert not running, f"QThreads left running: {running}"
+
+
+def _alive(thread: object) -> bool:
+    import shiboken6
+
+    return bool(shiboken6.isValid(thread))
+
+
 @pytest.fixture(scope="session")
 def smollm2_path() -> Path:
     return default_model_path()

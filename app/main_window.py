@@ -1,0 +1,715 @@
+"""Arbor's main window: conversations, the branching chat, the tree panel, the composer.
+
+The GUI thread owns the trees and the store. Everything that touches llama.cpp goes to the
+EngineWorker on its own QThread as an immutable request; results come back as signals and are
+applied here. Node ids sent to the engine are global (conversation << 32 | node), so the
+engine's checkpoints from different conversations never collide.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from PySide6.QtCore import QByteArray, QMetaObject, QSettings, Qt, QThread, Signal, Slot
+from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
+from PySide6.QtWidgets import (
+    QDockWidget,
+    QFileDialog,
+    QHBoxLayout,
+    QInputDialog,
+    QLabel,
+    QMainWindow,
+    QMessageBox,
+    QProgressBar,
+    QPushButton,
+    QSplitter,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.chat_view import ChatView, rows_from_tree
+from app.composer import Composer
+from app.messages import (
+    Failed,
+    GenerateRequest,
+    LoadRequest,
+    ModelLoaded,
+    NodeView,
+    Piece,
+    Progress,
+    ReplyDone,
+    StoreUsage,
+)
+from app.sidebar import Sidebar
+from app.tree_panel import TreePanel, panel_nodes_from_tree
+from app.worker import EngineWorker
+from engine.errors import ArborError
+from engine.paths import data_dirs
+from engine.store import Store, StoreSink
+from engine.transfer import FileFormat, export_file, import_file
+from engine.tree import Node, NodeStatus, Role, Tree, TreeError
+
+log = logging.getLogger(__name__)
+
+MAX_TOKENS = 512
+
+
+def global_id(conversation_id: int, node_id: int) -> int:
+    return (conversation_id << 32) | node_id
+
+
+def split_id(key: int) -> tuple[int, int]:
+    return key >> 32, key & 0xFFFFFFFF
+
+
+@dataclass
+class _Streaming:
+    request_id: int
+    conversation_id: int
+    reply_id: int
+    started: float
+    pieces: int = 0
+
+
+class MainWindow(QMainWindow):
+    request_load = Signal(object)
+    request_generate = Signal(object)
+    request_forget = Signal(object)
+    # Emitted on the GUI thread once a worker result is applied (tests and other widgets
+    # wait on these, never on the worker's own signals, which fire on the engine thread).
+    reply_finished = Signal()
+    model_ready = Signal()
+    model_failed = Signal()
+    text_shown = Signal()
+
+    def __init__(self, *, store: Store | None = None, model_path: str | None = None) -> None:
+        super().__init__()
+        self.setWindowTitle("Arbor")
+        self.resize(1200, 800)
+        self.store = store or Store()
+        self._model_path = model_path
+        self.trees: dict[int, Tree] = {}
+        self.current: int | None = None
+        self._streaming: _Streaming | None = None
+        self._request_ids = itertools.count(1)
+        self._undo: list[tuple[str, Callable[[], None]]] = []
+        self._checkpoint_nodes: dict[int, dict[int, str]] = {}
+        self._model: ModelLoaded | None = None
+        self._usage: StoreUsage | None = None
+        self._prepare_started = 0.0
+
+        self.sidebar = Sidebar()
+        self.chat = ChatView()
+        self.composer = Composer()
+        self.composer.setMaximumHeight(120)
+        self.send_button = QPushButton("Send")
+        self.progress = QProgressBar(visible=False)
+        self.progress_label = QLabel()
+        self.tree_panel = TreePanel()
+        self._build_layout()
+        self._build_actions()
+        self._connect()
+
+        self._thread = QThread(self)
+        self._thread.setObjectName("arbor-engine")
+        self.worker = EngineWorker()
+        self.worker.moveToThread(self._thread)
+        self.request_load.connect(self.worker.load)
+        self.request_generate.connect(self.worker.generate)
+        self.request_forget.connect(self.worker.forget)
+        self.worker.loaded.connect(self._on_loaded)
+        self.worker.load_failed.connect(self._on_load_failed)
+        self.worker.progress.connect(self._on_progress)
+        self.worker.yielded.connect(self._on_piece)
+        self.worker.returned.connect(self._on_reply)
+        self.worker.aborted.connect(self._on_failed)
+        self.worker.errored.connect(self._on_failed)
+        self.worker.usage.connect(self._on_usage)
+        self._thread.start()
+
+        self._restore_geometry()
+        self._refresh_sidebar()
+        conversations = self.store.list()
+        if conversations:
+            self.open_conversation(conversations[0].id)
+        else:
+            self.new_conversation()
+
+    # --- layout ----------------------------------------------------------------------------
+
+    def _build_layout(self) -> None:
+        row = QHBoxLayout()
+        row.addWidget(self.composer)
+        row.addWidget(self.send_button)
+        center = QWidget()
+        column = QVBoxLayout(center)
+        column.addWidget(self.chat, 1)
+        column.addWidget(self.progress_label)
+        column.addWidget(self.progress)
+        column.addLayout(row)
+        self.splitter = QSplitter()
+        self.splitter.addWidget(self.sidebar)
+        self.splitter.addWidget(center)
+        self.splitter.setStretchFactor(1, 1)
+        self.splitter.setSizes([260, 940])
+        self.setCentralWidget(self.splitter)
+        self.tree_dock = QDockWidget("Conversation tree", self)
+        self.tree_dock.setObjectName("tree-dock")
+        self.tree_dock.setWidget(self.tree_panel)
+        self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.tree_dock)
+        self.status_model = QLabel("Loading the model…")
+        self.status_store = QLabel()
+        self.statusBar().addPermanentWidget(self.status_store)
+        self.statusBar().addPermanentWidget(self.status_model)
+
+    def _build_actions(self) -> None:
+        file_menu = self.menuBar().addMenu("&File")
+        self.action_new = self._action("New conversation", "Ctrl+N", self.new_conversation)
+        file_menu.addAction(self.action_new)
+        file_menu.addAction(self._action("Open GGUF model…", "Ctrl+O", self._open_model))
+        file_menu.addSeparator()
+        file_menu.addAction(self._action("Import…", "Ctrl+I", self._import))
+        file_menu.addAction(self._action("Export as session file…", "Ctrl+Shift+E",
+                                         lambda: self._export(FileFormat.NATIVE)))
+        file_menu.addAction(self._action("Export as ChatGPT JSON…", None,
+                                         lambda: self._export(FileFormat.CHATGPT)))
+        file_menu.addAction(self._action("Export branch as Markdown…", None,
+                                         lambda: self._export(FileFormat.MARKDOWN)))
+        file_menu.addSeparator()
+        file_menu.addAction(self._action("Quit", "Ctrl+Q", self.close))
+        edit_menu = self.menuBar().addMenu("&Edit")
+        self.action_undo = self._action("Undo", "Ctrl+Z", self.undo)
+        edit_menu.addAction(self.action_undo)
+        view_menu = self.menuBar().addMenu("&View")
+        toggle = self.tree_dock.toggleViewAction()
+        toggle.setShortcut(QKeySequence("Ctrl+T"))
+        view_menu.addAction(toggle)
+        toolbar = self.addToolBar("Main")
+        toolbar.setObjectName("main-toolbar")
+        toolbar.addAction(self.action_new)
+        toolbar.addAction(toggle)
+        self.action_stop = self._action("Stop", "Esc", self.stop)
+        toolbar.addAction(self.action_stop)
+
+    def _action(self, text: str, shortcut: str | None, slot: Callable[[], object]) -> QAction:
+        action = QAction(text, self)
+        if shortcut:
+            action.setShortcut(QKeySequence(shortcut))
+        action.triggered.connect(slot)
+        return action
+
+    def _connect(self) -> None:
+        self.sidebar.opened.connect(self.open_conversation)
+        self.sidebar.new_requested.connect(self.new_conversation)
+        self.sidebar.rename_requested.connect(self._rename)
+        self.sidebar.delete_requested.connect(self.delete_conversation)
+        self.sidebar.search_changed.connect(self._on_search)
+        self.composer.submitted.connect(self.send)
+        self.composer.stop_requested.connect(self.stop)
+        self.send_button.clicked.connect(self._on_send_clicked)
+        self.chat.variant_requested.connect(self.switch_variant)
+        self.chat.edit_requested.connect(self._edit_dialog)
+        self.chat.regenerate_requested.connect(self.regenerate)
+        self.chat.rewind_requested.connect(self.rewind)
+        self.chat.fork_requested.connect(self.fork)
+        self.chat.delete_requested.connect(self.delete_branch)
+        self.tree_panel.node_clicked.connect(self.activate_node)
+
+    # --- model -----------------------------------------------------------------------------
+
+    def load_model(self, path: str) -> None:
+        self.status_model.setText(f"Loading {Path(path).name}…")
+        self.request_load.emit(LoadRequest(path=path))
+
+    @Slot(object)
+    def _on_loaded(self, info: ModelLoaded) -> None:
+        self._model = info
+        self._update_status()
+        for notice in info.notices:
+            self.statusBar().showMessage(notice, 10_000)
+        self.model_ready.emit()
+
+    @Slot(str)
+    def _on_load_failed(self, message: str) -> None:
+        self._update_status()
+        QMessageBox.warning(self, "Arbor", f"The model could not be loaded.\n\n{message}")
+        self.model_failed.emit()
+
+    @Slot()
+    def _open_model(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Open GGUF model", str(data_dirs().models),
+                                              "GGUF models (*.gguf)")
+        if path:
+            self.load_model(path)
+
+    @Slot(object)
+    def _on_usage(self, usage: StoreUsage) -> None:
+        self._usage = usage
+        self._checkpoint_nodes = {}
+        for key, tier in usage.nodes:
+            cid, nid = split_id(key)
+            self._checkpoint_nodes.setdefault(cid, {})[nid] = tier
+        self._update_status()
+        self._refresh_views()
+
+    def _update_status(self) -> None:
+        if self._model is not None:
+            m = self._model
+            self.status_model.setText(
+                f"{m.name} · {m.memory_kind.replace('_', ' ')} · {m.backend} · ctx {m.n_ctx}"
+            )
+        if self._usage is not None:
+            u = self._usage
+            self.status_store.setText(
+                f"checkpoints: {u.count} · RAM {u.ram_bytes / 2**20:.0f} of "
+                f"{u.ram_budget / 2**20:.0f} MiB · disk {u.disk_bytes / 2**20:.0f} MiB"
+            )
+
+    # --- conversations -----------------------------------------------------------------------
+
+    @property
+    def tree(self) -> Tree:
+        assert self.current is not None
+        return self.trees[self.current]
+
+    def _refresh_sidebar(self, query: str = "") -> None:
+        hits = self.store.search(query) if query.strip() else None
+        self.sidebar.show_conversations(self.store.list(), self.current, hits)
+
+    @Slot(str)
+    def _on_search(self, query: str) -> None:
+        self._refresh_sidebar(query)
+
+    @Slot()
+    def new_conversation(self) -> None:
+        tree = Tree()
+        cid = self._guard(lambda: self.store.create(tree, title="New conversation"))
+        if cid is None:
+            return
+        self.trees[cid] = tree
+        self.current = cid
+        self._refresh_sidebar()
+        self._refresh_views()
+        self.composer.setFocus()
+
+    @Slot(int)
+    def open_conversation(self, conversation_id: int) -> None:
+        if conversation_id not in self.trees:
+            tree = self._guard(lambda: self.store.load(conversation_id))
+            if tree is None:
+                return
+            self.trees[conversation_id] = tree
+        self.current = conversation_id
+        self._refresh_sidebar(self.sidebar.search.text())
+        self._refresh_views()
+
+    @Slot(int)
+    def _rename(self, conversation_id: int) -> None:
+        title, ok = QInputDialog.getText(self, "Rename", "Title:")
+        if ok and title.strip():
+            self._guard(lambda: self.store.rename(conversation_id, title.strip()))
+            self._refresh_sidebar()
+
+    @Slot(int)
+    def delete_conversation(self, conversation_id: int) -> None:
+        if self._guard(lambda: self.store.delete(conversation_id)) is False:
+            return
+
+        def undo() -> None:
+            self.store.undelete(conversation_id)
+            self.open_conversation(conversation_id)
+
+        self._push_undo("Conversation deleted", undo)
+        self.trees.pop(conversation_id, None)
+        remaining = self.store.list()
+        if remaining:
+            self.open_conversation(remaining[0].id)
+        else:
+            self.new_conversation()
+
+    # --- messages ----------------------------------------------------------------------------
+
+    @Slot()
+    def _on_send_clicked(self) -> None:
+        if self._streaming is not None:
+            self.stop()
+            return
+        text = self.composer.toPlainText().strip()
+        if text:
+            self.send(text)
+
+    @Slot(str)
+    def send(self, text: str) -> None:
+        if self._busy():
+            return
+        tree = self.tree
+        message = tree.add_child(tree.active_leaf, Role.USER, text)
+        if self._save([message]):
+            self.composer.clear()
+            self._start_reply(message)
+
+    @Slot(int)
+    def _edit_dialog(self, node_id: int) -> None:
+        node = self.tree.node(node_id)
+        text, ok = QInputDialog.getMultiLineText(self, "Edit message", "A new version:",
+                                                 node.text)
+        if ok and text.strip() and text != node.text:
+            self.edit(node_id, text.strip())
+
+    def edit(self, node_id: int, text: str) -> None:
+        """A new version beside the old one; a user message gets a new reply."""
+        if self._busy():
+            return
+        new = self.tree.add_sibling(node_id, text)
+        if self._save([new]) and new.role is Role.USER:
+            self._start_reply(new)
+        self._refresh_views()
+
+    @Slot(int)
+    def regenerate(self, node_id: int) -> None:
+        if self._busy():
+            return
+        node = self.tree.node(node_id)
+        parent = node.parent if node.role is Role.ASSISTANT else node.id
+        if parent is None:
+            return
+        self.tree.set_active(parent)
+        self._start_reply(self.tree.node(parent))
+
+    @Slot(int)
+    def continue_reply(self, node_id: int) -> None:
+        """More of an interrupted reply."""
+        if self._busy():
+            return
+        reply = self.tree.node(node_id)
+        if reply.role is not Role.ASSISTANT or reply.parent is None:
+            return
+        self.tree.set_active(reply.id)
+        self._start_reply(self.tree.node(reply.parent), resume=reply)
+
+    @Slot(int)
+    def rewind(self, node_id: int) -> None:
+        self.tree.rewind(node_id)
+        self._save([])
+        self._refresh_views()
+        self.composer.setFocus()
+
+    @Slot(int, int)
+    def switch_variant(self, node_id: int, variant: int) -> None:
+        try:
+            self.tree.switch_variant(node_id, variant)
+        except TreeError:
+            return
+        self._save([])
+        self._refresh_views()
+        self.chat.scroll_to_node(self.tree.siblings(node_id)[variant])
+
+    @Slot(int)
+    def activate_node(self, node_id: int) -> None:
+        """Tree panel click: that node's branch becomes active; the chat shows the node."""
+        if node_id not in self.tree:
+            return
+        self.tree.set_active(self.tree.follow_last_active(node_id))
+        self._save([])
+        self._refresh_views()
+        self.chat.scroll_to_node(node_id)
+
+    @Slot(int)
+    def fork(self, node_id: int) -> None:
+        assert self.current is not None
+        source = self.current
+        cid = self._guard(lambda: self.store.fork(source, node_id))
+        if cid is not None:
+            self.open_conversation(cid)
+
+    @Slot(int)
+    def delete_branch(self, node_id: int) -> None:
+        if self._streaming is not None and self._streaming.conversation_id == self.current:
+            return  # never delete under a streaming reply
+        tree = self.tree
+        node = tree.node(node_id)
+        if node.parent is None:
+            return
+        position = tree.node(node.parent).children.index(node_id)
+        leaf = tree.active_leaf
+        removed_ids = tree.subtree(node_id)
+        removed = [tree.node(i) for i in removed_ids]
+        tree.delete_branch(node_id)
+        self._save([], deleted=removed_ids)
+        assert self.current is not None
+        cid = self.current
+        self.request_forget.emit(tuple(global_id(cid, i) for i in removed_ids))
+
+        def undo() -> None:
+            target = self.trees[cid]
+            target.reinsert(removed, position, active_leaf=leaf)
+            self.store.save(cid, target, removed)
+            self.open_conversation(cid)
+
+        self._push_undo("Branch deleted", undo)
+        self._refresh_views()
+
+    def _push_undo(self, what: str, undo: Callable[[], None]) -> None:
+        self._undo.append((what, undo))
+        self.statusBar().showMessage(f"{what}. Ctrl+Z to undo.", 8_000)
+
+    @Slot()
+    def undo(self) -> None:
+        if not self._undo:
+            return
+        what, action = self._undo.pop()
+        self._guard(action)
+        self.statusBar().showMessage(f"Undone: {what.lower()}.", 4_000)
+
+    # --- generation ----------------------------------------------------------------------------
+
+    def _busy(self) -> bool:
+        if self._streaming is not None:
+            self.statusBar().showMessage("Arbor is still answering; press Esc to stop it.", 4000)
+            return True
+        if self._model is None:
+            self.statusBar().showMessage("The model is still loading.", 4000)
+            return True
+        return False
+
+    def _start_reply(self, parent: Node, *, resume: Node | None = None) -> None:
+        assert self.current is not None
+        cid = self.current
+        tree = self.tree
+        if resume is None:
+            reply = tree.add_child(parent.id, Role.ASSISTANT, "", status=NodeStatus.STREAMING)
+        else:
+            reply = resume
+            reply.status = NodeStatus.STREAMING
+        if not self._save([reply]):
+            return
+        request_id = next(self._request_ids)
+        path = tree.path_to(parent.id)
+        self._streaming = _Streaming(request_id, cid, reply.id, time.monotonic())
+        self._sink = StoreSink(self.store, cid)
+        self.request_generate.emit(
+            GenerateRequest(
+                request_id=request_id,
+                conversation_id=cid,
+                reply_id=reply.id,
+                path=tuple(_global_view(cid, n) for n in path),
+                resume=_global_view(cid, resume) if resume is not None else None,
+                max_tokens=MAX_TOKENS,
+                seed=int(time.time_ns() & 0x7FFFFFFF),
+            )
+        )
+        self._prepare_started = time.monotonic()
+        self.send_button.setText("Stop")
+        self.sidebar.set_generating(cid)
+        self._refresh_views()
+
+    @Slot()
+    def stop(self) -> None:
+        if self._streaming is not None:
+            self.worker.request_stop()
+
+    @Slot(object)
+    def _on_progress(self, progress: Progress) -> None:
+        if self._streaming is None or progress.request_id != self._streaming.request_id:
+            return
+        total = max(1, progress.total)
+        percent = 100 * progress.done // total
+        elapsed = time.monotonic() - self._prepare_started
+        eta = elapsed / progress.done * (total - progress.done) if progress.done else 0.0
+        self.progress.setVisible(progress.done < progress.total)
+        self.progress.setMaximum(total)
+        self.progress.setValue(progress.done)
+        self.progress.setFormat(f"{percent}% · about {eta:.0f} s left")
+        self.progress_label.setText(f"Reading the conversation: decoding {progress.total} tokens")
+
+    @Slot(object)
+    def _on_piece(self, piece: Piece) -> None:
+        streaming = self._streaming
+        if streaming is None or piece.request_id != streaming.request_id:
+            return
+        tree = self.trees.get(piece.conversation_id)
+        if tree is None or piece.reply_id not in tree:
+            return
+        node = tree.node(piece.reply_id)
+        node.text += piece.text
+        streaming.pieces += 1
+        self.progress.setVisible(False)
+        rate = streaming.pieces / max(1e-3, time.monotonic() - streaming.started)
+        self.progress_label.setText(f"Answering… {rate:.1f} tokens/s")
+        self._sink.streaming(node)  # saved at most a second behind
+        if piece.conversation_id == self.current:
+            self.chat.model().update_text(node.id, node.text, node.status.value)
+        self.text_shown.emit()
+
+    @Slot(object)
+    def _on_reply(self, done: ReplyDone) -> None:
+        streaming = self._streaming
+        if streaming is None or done.request_id != streaming.request_id:
+            return
+        tree = self.trees.get(done.conversation_id)
+        if tree is not None:
+            changed: list[Node] = []
+            for key, tokens in done.node_tokens:
+                _, nid = split_id(key)
+                if nid in tree and tree.node(nid).tokens is None:
+                    tree.node(nid).tokens = tokens
+                    changed.append(tree.node(nid))
+            reply = tree.node(done.reply_id)
+            reply.text = done.text
+            reply.tokens = done.tokens
+            reply.meta["open_len"] = done.open_len
+            reply.meta["finish"] = done.finish
+            reply.status = (NodeStatus.INTERRUPTED if done.finish == "cancelled"
+                            else NodeStatus.COMPLETE)
+            self._save([*changed, reply], conversation_id=done.conversation_id)
+        source = {"live": "reused the live cache",
+                  "checkpoint": f"restored checkpoint at {done.checkpoint_pos}",
+                  "none": "read from scratch"}[done.source]
+        self.statusBar().showMessage(
+            f"{source}: {done.reused_tokens:,} of {done.prompt_tokens:,} tokens reused, "
+            f"{done.decoded_tokens:,} decoded in {done.prefill_ms / 1000:.2f} s; first token "
+            f"after {(done.ttft_ms or 0) / 1000:.2f} s; {done.generated_tokens} tokens at "
+            f"{done.generated_tokens / max(done.decode_ms / 1000, 1e-3):.1f}/s"
+        )
+        self._end_reply()
+
+    @Slot(object)
+    def _on_failed(self, failed: Failed) -> None:
+        streaming = self._streaming
+        if streaming is None or failed.request_id != streaming.request_id:
+            return
+        tree = self.trees.get(failed.conversation_id)
+        if tree is not None and failed.reply_id in tree:
+            reply = tree.node(failed.reply_id)
+            if not reply.text:
+                removed = tree.delete_branch(reply.id)  # nothing was said: no empty reply
+                self._save([], deleted=removed, conversation_id=failed.conversation_id)
+            else:
+                reply.status = NodeStatus.INTERRUPTED
+                self._save([reply], conversation_id=failed.conversation_id)
+        self._end_reply()
+        if failed.message:
+            QMessageBox.warning(self, "Arbor", failed.message)
+        else:
+            self.statusBar().showMessage("Stopped.", 4000)
+
+    def _end_reply(self) -> None:
+        self._streaming = None
+        self.send_button.setText("Send")
+        self.progress.setVisible(False)
+        self.progress_label.clear()
+        self.sidebar.set_generating(None)
+        self._refresh_views()
+        self.reply_finished.emit()
+
+    # --- helpers -------------------------------------------------------------------------------
+
+    def _save(self, nodes: list[Node], *, deleted: list[int] | tuple[int, ...] = (),
+              conversation_id: int | None = None) -> bool:
+        cid = conversation_id if conversation_id is not None else self.current
+        assert cid is not None
+        tree = self.trees[cid]
+        return self._guard(lambda: self.store.save(cid, tree, nodes, deleted=deleted)) is not False
+
+    def _guard(self, action: Callable[[], object]) -> object:
+        """Run a store action; a failure is a message to the user, never a traceback."""
+        try:
+            result = action()
+        except ArborError as exc:
+            QMessageBox.warning(self, "Arbor", str(exc))
+            return False
+        return True if result is None else result
+
+    def _refresh_views(self) -> None:
+        if self.current is None or self.current not in self.trees:
+            return
+        tree = self.tree
+        marks = self._checkpoint_nodes.get(self.current, {})
+        self.chat.model().set_rows(rows_from_tree(tree, marks))
+        self.tree_panel.set_tree(panel_nodes_from_tree(tree, marks),
+                                 [n.id for n in tree.active_path()])
+        self.send_button.setText("Stop" if self._streaming is not None else "Send")
+
+    # --- import / export -------------------------------------------------------------------
+
+    @Slot()
+    def _import(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(
+            self, "Import", str(Path.home()),
+            "Conversations (*.arbor *.json);;All files (*)")
+        if path:
+            self.import_path(Path(path))
+
+    def import_path(self, path: Path) -> list[int]:
+        try:
+            result = import_file(path, self.store)
+        except ArborError as exc:
+            QMessageBox.warning(self, "Arbor", f"{path.name} was not imported.\n\n{exc}")
+            return []
+        self._refresh_sidebar()
+        if result.conversation_ids:
+            self.open_conversation(result.conversation_ids[0])
+        self.statusBar().showMessage(f"Imported {len(result.conversation_ids)} conversations.")
+        return result.conversation_ids
+
+    def _export(self, fmt: FileFormat) -> None:
+        if self.current is None:
+            return
+        suffix = {FileFormat.NATIVE: "arbor", FileFormat.CHATGPT: "json",
+                  FileFormat.MARKDOWN: "md", FileFormat.OPENAI: "json"}[fmt]
+        path, _ = QFileDialog.getSaveFileName(self, "Export", f"conversation.{suffix}")
+        if path:
+            cid = self.current
+            if self._guard(lambda: export_file(self.store, [cid], Path(path), fmt)) is not False:
+                self.statusBar().showMessage(f"Exported to {path}.", 6000)
+
+    # --- lifetime ----------------------------------------------------------------------------
+
+    def _restore_geometry(self) -> None:
+        settings = QSettings(str(data_dirs().config / "window.ini"), QSettings.Format.IniFormat)
+        geometry = settings.value("geometry")
+        state = settings.value("state")
+        splitter = settings.value("splitter")
+        if isinstance(geometry, QByteArray):
+            self.restoreGeometry(geometry)
+        if isinstance(state, QByteArray):
+            self.restoreState(state)
+        if isinstance(splitter, QByteArray):
+            self.splitter.restoreState(splitter)
+
+    def closeEvent(self, event: QCloseEvent) -> None:
+        if not self._thread.isRunning():  # closed before: everything is released
+            super().closeEvent(event)
+            return
+        settings = QSettings(str(data_dirs().config / "window.ini"), QSettings.Format.IniFormat)
+        settings.setValue("geometry", self.saveGeometry())
+        settings.setValue("state", self.saveState())
+        settings.setValue("splitter", self.splitter.saveState())
+        self.worker.request_stop()
+        streaming = self._streaming
+        if streaming is not None:
+            tree = self.trees.get(streaming.conversation_id)
+            if tree is not None and streaming.reply_id in tree:
+                reply = tree.node(streaming.reply_id)
+                reply.status = NodeStatus.INTERRUPTED
+                self._save([reply], conversation_id=streaming.conversation_id)
+            self._streaming = None
+        # Wait (stop was requested: at most a chunk or a token) for the worker to free the
+        # model on its own thread, then end the thread: no "QThread destroyed while running".
+        QMetaObject.invokeMethod(self.worker, "shutdown",
+                                 Qt.ConnectionType.BlockingQueuedConnection)
+        self._thread.quit()
+        self._thread.wait()
+        self.store.close()
+        super().closeEvent(event)
+
+
+def _global_view(conversation_id: int, node: Node) -> NodeView:
+    view = NodeView.of(node)
+    return NodeView(global_id(conversation_id, view.id), view.role, view.text, view.tokens,
+                    view.open_len)

@@ -1,0 +1,114 @@
+"""The immutable values that cross between the GUI thread and the engine thread."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from engine.tree import Node, Role
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """What the engine needs of a node: never the node itself (the GUI thread owns it)."""
+
+    id: int
+    role: Role
+    text: str
+    tokens: tuple[int, ...] | None
+    open_len: int | None = None
+
+    @staticmethod
+    def of(node: Node) -> NodeView:
+        open_len = node.meta.get("open_len")
+        return NodeView(node.id, node.role, node.text, node.tokens,
+                        open_len if isinstance(open_len, int) else None)
+
+    def to_node(self) -> Node:
+        """A private, mutable copy for the engine thread."""
+        meta: dict[str, object] = {} if self.open_len is None else {"open_len": self.open_len}
+        return Node(id=self.id, parent=None, role=self.role, text=self.text, created=0.0,
+                    tokens=self.tokens, meta=meta)
+
+
+@dataclass(frozen=True)
+class LoadRequest:
+    path: str
+    n_ctx: int = 4096
+    n_gpu_layers: int = 0
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    request_id: int
+    conversation_id: int
+    reply_id: int  # the reply node the GUI created (or the one being continued)
+    path: tuple[NodeView, ...]  # root .. the message being answered
+    resume: NodeView | None  # continue this reply instead of starting a new one
+    max_tokens: int
+    seed: int
+
+
+@dataclass(frozen=True)
+class ModelLoaded:
+    name: str
+    path: str
+    architecture: str
+    memory_kind: str
+    backend: str
+    n_ctx: int
+    notices: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Progress:
+    request_id: int
+    done: int
+    total: int
+    prompt_tokens: int
+
+
+@dataclass(frozen=True)
+class Piece:
+    request_id: int
+    conversation_id: int
+    reply_id: int
+    text: str
+
+
+@dataclass(frozen=True)
+class ReplyDone:
+    request_id: int
+    conversation_id: int
+    reply_id: int
+    node_tokens: tuple[tuple[int, tuple[int, ...]], ...]  # tokens rendered for path nodes
+    text: str
+    tokens: tuple[int, ...]
+    open_len: int
+    finish: str
+    prompt_tokens: int
+    reused_tokens: int
+    decoded_tokens: int
+    source: str
+    checkpoint_pos: int | None
+    prefill_ms: float
+    ttft_ms: float | None
+    generated_tokens: int
+    decode_ms: float
+
+
+@dataclass(frozen=True)
+class Failed:
+    request_id: int
+    conversation_id: int
+    reply_id: int
+    message: str  # empty when the user stopped it before any token
+    cancelled: bool
+
+
+@dataclass(frozen=True)
+class StoreUsage:
+    count: int
+    ram_bytes: int
+    disk_bytes: int
+    ram_budget: int
+    nodes: tuple[tuple[int, str], ...]  # node id -> "ram" | "disk"

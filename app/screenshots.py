@@ -1,0 +1,64 @@
+"""Render the main window with a sample branching conversation into PNGs for the README.
+
+    QT_QPA_PLATFORM=offscreen .venv/bin/python -m app.screenshots resources/screenshots
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+SAMPLE = [
+    ("user", "What makes oak trees live so long?"),
+    ("assistant", "Oaks grow slowly and build **dense, decay-resistant wood**. They also:\n\n"
+                  "- shed damaged limbs instead of rotting from them,\n"
+                  "- keep deep roots that reach water in droughts,\n"
+                  "- make tannins that deter insects and fungi."),
+    ("user", "How deep do the roots go?"),
+    ("assistant", "Usually within the top metre, spreading wide; a taproot can reach "
+                  "`4-5 m` in young trees."),
+]
+
+
+def main(argv: list[str]) -> int:
+    out = Path(argv[0] if argv else "resources/screenshots")
+    out.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    os.environ["ARBOR_HOME"] = tempfile.mkdtemp(prefix="arbor-shots-")
+    from PySide6.QtCore import QEventLoop, QTimer
+    from PySide6.QtWidgets import QApplication
+
+    from app.main_window import MainWindow
+    from engine.model import default_model_path
+    from engine.store import Store
+    from engine.tree import Role, Tree
+
+    app = QApplication(sys.argv[:1])
+    tree = Tree("You are a concise botanist.")
+    for role, text in SAMPLE:
+        tree.add_child(tree.active_leaf, Role(role), text)
+    tree.add_sibling(tree.message(2).id, "How tall can an oak grow?")
+    tree.add_child(tree.active_leaf, Role.ASSISTANT, "Most reach 20-30 m; a few exceed 40 m.")
+    tree.switch_variant(tree.message(2).id, 0)
+    store = Store()
+    store.create(Tree(), title="Rivers and deltas")
+    store.create(tree, title="Why oaks live long")
+    window = MainWindow(store=store)
+    window.resize(1280, 760)
+    window.show()
+    loop = QEventLoop()
+    window.worker.loaded.connect(loop.quit)
+    QTimer.singleShot(60_000, loop.quit)
+    window.load_model(str(default_model_path()))
+    loop.exec()
+    app.processEvents()
+    window.grab().save(str(out / "main-window.png"))
+    window.close()
+    print(out / "main-window.png")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
