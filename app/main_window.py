@@ -162,6 +162,7 @@ class MainWindow(QMainWindow):
         self.tree_dock.setObjectName("tree-dock")
         self.tree_dock.setWidget(self.tree_panel)
         self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.tree_dock)
+        self.resizeDocks([self.tree_dock], [260], Qt.Orientation.Horizontal)
         self.status_model = QLabel("Loading the model…")
         self.status_store = QLabel()
         self.statusBar().addPermanentWidget(self.status_store)
