@@ -19,13 +19,13 @@ import json
 import logging
 import os
 import struct
-import tempfile
 import time
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from engine.atomic import atomic_writer
 from engine.model import MemoryKind
 
 log = logging.getLogger(__name__)
@@ -344,18 +344,10 @@ class CheckpointStore:
             "sha256": hashlib.sha256(checkpoint.blob).hexdigest(),
         }).encode()
         final = self._disk / f"{checkpoint.id}-{int(time.time() * 1e6)}.ckpt"
-        fd, tmp = tempfile.mkstemp(dir=self._disk, suffix=".tmp")
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(_FILE_MAGIC + struct.pack("<II", _FILE_VERSION, len(header)))
-                f.write(header)
-                f.write(checkpoint.blob)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, final)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        with atomic_writer(final) as f:
+            f.write(_FILE_MAGIC + struct.pack("<II", _FILE_VERSION, len(header)))
+            f.write(header)
+            f.write(checkpoint.blob)
         return final
 
     def _read_header(self, f: BinaryIO) -> dict[str, Any]:

@@ -4,12 +4,11 @@ first, and changes the store in one transaction or not at all."""
 from __future__ import annotations
 
 import logging
-import os
-import tempfile
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
+from engine.atomic import write_atomic
 from engine.checkpoints import CheckpointStore, Identity
 from engine.formats import FormatError
 from engine.formats.chatgpt import export_chatgpt, parse_chatgpt
@@ -112,21 +111,7 @@ def export_file(
         data = export_markdown(records[0]).encode("utf-8")
     else:
         data = export_openai_messages(records[0])
-    _write_atomic(out, data)
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(out, data)
 
 
 __all__ = ["ConversationRecord", "FileFormat", "ImportResult", "export_file", "import_file"]

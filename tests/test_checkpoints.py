@@ -6,7 +6,6 @@ Many tests here are the bugs of the ik_llama.cpp server change this project grew
 
 from __future__ import annotations
 
-import random
 from dataclasses import replace
 from pathlib import Path
 
@@ -25,19 +24,9 @@ from engine.model import MemoryKind
 from engine.runtime import Runtime, Source
 from engine.session import GenerationOptions, Session
 from tests.conftest import ALL_KINDS, RuntimeFactory
+from tests.helpers import fresh_logits, random_tokens
 
 GREEDY = SamplingParams(temperature=0.0)
-
-
-def _tokens(n: int, seed: int = 0) -> list[int]:
-    rng = random.Random(seed)
-    return [rng.randrange(200, 40000) for _ in range(n)]
-
-
-def _fresh_logits(runtime: Runtime, target: list[int]) -> np.ndarray:
-    runtime.clear()
-    runtime.prepare(target, use_live=False)
-    return runtime.last_logits()
 
 
 def _assert_same_as_full_decode(runtime: Runtime, target: list[int]) -> None:
@@ -45,7 +34,7 @@ def _assert_same_as_full_decode(runtime: Runtime, target: list[int]) -> None:
     lands in other cache cells than a fresh decode puts it, and attention sums the cells in
     cell order, so the last bits differ. There: same argmax, and within 1e-3."""
     restored = runtime.last_logits()
-    fresh = _fresh_logits(runtime, target)
+    fresh = fresh_logits(runtime, target)
     if runtime.memory_kind is MemoryKind.SLIDING_WINDOW:
         assert int(np.argmax(restored)) == int(np.argmax(fresh))
         assert float(np.max(np.abs(restored - fresh))) < 1e-3
@@ -106,7 +95,7 @@ def test_restore_resumes_at_pos_max_plus_one_with_bit_identical_logits(
     kind: MemoryKind, tiny_models: dict[str, Path], make_runtime: RuntimeFactory
 ) -> None:
     runtime = make_runtime(tiny_models[kind.value], n_ctx=1024, n_batch=64)
-    stream = _tokens(300)
+    stream = random_tokens(300)
     (checkpoint,) = _capture_at(runtime, stream, 200)
     runtime.clear()
     target = stream[:260]
@@ -122,11 +111,11 @@ def test_search_takes_the_deepest_checkpoint_that_ends_before_the_divergence(
     kind: MemoryKind, tiny_models: dict[str, Path], make_runtime: RuntimeFactory
 ) -> None:
     runtime = make_runtime(tiny_models[kind.value], n_ctx=1024, n_batch=64)
-    stream = _tokens(320)
+    stream = random_tokens(320)
     saved = _capture_at(runtime, stream, 100, 200, 300)
     runtime.clear()
     # Diverges at 250: the newest (300) extends past the divergence and must not be used.
-    target = stream[:250] + _tokens(30, seed=4)
+    target = stream[:250] + random_tokens(30, seed=4)
     report = runtime.prepare(target, checkpoints=saved)
     assert (report.source, report.checkpoint_pos) == (Source.CHECKPOINT, 199)
     _assert_same_as_full_decode(runtime, target)
@@ -143,21 +132,21 @@ def test_a_misplaced_restore_is_caught_and_never_produces_output(
 ) -> None:
     """A blob of the right size that holds another position (the PR's silent corruption)."""
     runtime = make_runtime(tiny_models[kind.value], n_ctx=1024, n_batch=64)
-    stream = _tokens(300)
+    stream = random_tokens(300)
     (real,) = _capture_at(runtime, stream, 200)
     liar = Checkpoint(tokens=tuple(stream[:150]), blob=real.blob)  # says 150, holds 200
     runtime.clear()
     report = runtime.prepare(stream[:220], checkpoints=[liar])
     assert report.failed_checkpoints == (liar.id,)
     assert report.source is Source.NONE and report.reused_tokens == 0
-    assert np.array_equal(runtime.last_logits(), _fresh_logits(runtime, stream[:220]))
+    assert np.array_equal(runtime.last_logits(), fresh_logits(runtime, stream[:220]))
 
 
 def test_a_truncated_blob_is_refused_by_the_size_check_and_the_next_candidate_used(
     tiny_models: dict[str, Path], make_runtime: RuntimeFactory
 ) -> None:
     runtime = make_runtime(tiny_models["recurrent"], n_ctx=1024, n_batch=64)
-    stream = _tokens(300)
+    stream = random_tokens(300)
     early, late = _capture_at(runtime, stream, 100, 200)
     assert late.blob is not None
     broken = Checkpoint(tokens=late.tokens, blob=bytes(late.blob[: len(late.blob) // 2]))
@@ -165,21 +154,21 @@ def test_a_truncated_blob_is_refused_by_the_size_check_and_the_next_candidate_us
     report = runtime.prepare(stream[:250], checkpoints=[broken, early])
     assert report.failed_checkpoints == (broken.id,)
     assert (report.source, report.checkpoint_pos) == (Source.CHECKPOINT, 99)
-    assert np.array_equal(runtime.last_logits(), _fresh_logits(runtime, stream[:250]))
+    assert np.array_equal(runtime.last_logits(), fresh_logits(runtime, stream[:250]))
 
 
 def test_the_live_cache_wins_a_tie_and_a_deeper_checkpoint_beats_it(
     tiny_models: dict[str, Path], make_runtime: RuntimeFactory
 ) -> None:
     runtime = make_runtime(tiny_models["dense"], n_ctx=1024, n_batch=64)
-    stream = _tokens(300)
+    stream = random_tokens(300)
     (at200,) = _capture_at(runtime, stream, 200)
     runtime.clear()
-    runtime.prepare(stream[:200] + _tokens(50, seed=8))  # live shares 200 tokens with stream
+    runtime.prepare(stream[:200] + random_tokens(50, seed=8))  # live shares 200 tokens with stream
     report = runtime.prepare(stream[:260], checkpoints=[at200])
     assert report.source is Source.LIVE and report.reused_tokens == 200
     runtime.clear()
-    runtime.prepare(stream[:120] + _tokens(50, seed=8))  # live shares only 120
+    runtime.prepare(stream[:120] + random_tokens(50, seed=8))  # live shares only 120
     report = runtime.prepare(stream[:260], checkpoints=[at200])
     assert report.source is Source.CHECKPOINT and report.reused_tokens == 200
 
@@ -188,11 +177,11 @@ def test_the_smollm2_restore_is_bit_identical(
     smollm2_path: Path, make_runtime: RuntimeFactory
 ) -> None:
     runtime = make_runtime(smollm2_path, n_ctx=1024, n_batch=256)
-    stream = _tokens(400)
+    stream = random_tokens(400)
     (checkpoint,) = _capture_at(runtime, stream, 200)
     runtime.clear()
     runtime.prepare(stream, checkpoints=[checkpoint])
-    assert np.array_equal(runtime.last_logits(), _fresh_logits(runtime, stream))
+    assert np.array_equal(runtime.last_logits(), fresh_logits(runtime, stream))
 
 
 # --- the store -----------------------------------------------------------------------------

@@ -15,21 +15,9 @@ from engine.llama import ContextParams, SamplingParams, supports_gpu_offload
 from engine.model import MemoryKind
 from engine.runtime import MIN_TAIL, FinishReason, Runtime, Source, chunk_ends
 from tests.conftest import ALL_KINDS, RuntimeFactory
+from tests.helpers import fresh_logits, random_tokens
 
 GREEDY = SamplingParams(temperature=0.0)
-
-
-def _tokens(n: int, seed: int = 0) -> list[int]:
-    """A reproducible stream of ordinary (non-special) tokens."""
-    rng = random.Random(seed)
-    return [rng.randrange(200, 40000) for _ in range(n)]
-
-
-def _fresh_logits(runtime: Runtime, target: list[int]) -> np.ndarray:
-    runtime.clear()
-    report = runtime.prepare(target)
-    assert report.reused_tokens == 0
-    return runtime.last_logits()
 
 
 @pytest.mark.parametrize("kind", ALL_KINDS, ids=lambda k: k.value)
@@ -55,12 +43,12 @@ def test_extending_the_prompt_reuses_the_whole_live_cache_with_identical_logits(
     kind: MemoryKind, tiny_models: dict[str, Path], make_runtime: RuntimeFactory
 ) -> None:
     runtime = make_runtime(tiny_models[kind.value], n_ctx=1024, n_batch=64)
-    first = _tokens(150)
+    first = random_tokens(150)
     runtime.prepare(first)
-    target = first + _tokens(40, seed=2)
+    target = first + random_tokens(40, seed=2)
     report = runtime.prepare(target)
     assert (report.source, report.reused_tokens, report.decoded_tokens) == (Source.LIVE, 150, 40)
-    assert np.array_equal(runtime.last_logits(), _fresh_logits(runtime, target))
+    assert np.array_equal(runtime.last_logits(), fresh_logits(runtime, target))
 
 
 @pytest.mark.parametrize("kind", ALL_KINDS, ids=lambda k: k.value)
@@ -70,20 +58,20 @@ def test_generated_tokens_are_decoded_again_batched_before_reuse(
     """Single-token decodes round differently from batched ones, so a follow-up keeps only
     the prompt's state; the reply's tokens are decoded again with the new message."""
     runtime = make_runtime(tiny_models[kind.value], n_ctx=1024, n_batch=64)
-    first = _tokens(150)
+    first = random_tokens(150)
     runtime.prepare(first)
     generation = runtime.generate(max_tokens=8, sampling=GREEDY, seed=1)
     live = list(runtime.live_tokens)
     assert live[: len(first)] == first and len(live) == len(first) + len(generation.tokens) - 1
     assert runtime.canonical_tokens == len(first)
-    target = [*first, *generation.tokens, *_tokens(40, seed=2)]
+    target = [*first, *generation.tokens, *random_tokens(40, seed=2)]
     report = runtime.prepare(target)
     if kind in (MemoryKind.RECURRENT, MemoryKind.HYBRID):
         assert report.reused_tokens == 0  # the state went past the prompt; it cannot go back
     else:
         assert (report.source, report.reused_tokens) == (Source.LIVE, len(first))
     assert report.reused_tokens + report.decoded_tokens == len(target)
-    assert np.array_equal(runtime.last_logits(), _fresh_logits(runtime, target))
+    assert np.array_equal(runtime.last_logits(), fresh_logits(runtime, target))
 
 
 def test_one_token_decodes_really_differ_from_batched_ones(
@@ -92,8 +80,8 @@ def test_one_token_decodes_really_differ_from_batched_ones(
     """The llama.cpp behaviour MIN_TAIL and canonical_tokens exist for. If this ever stops
     failing to match, the extra decoding they cost can go."""
     runtime = make_runtime(smollm2_path, n_ctx=512, n_batch=128)
-    stream = _tokens(120)
-    reference = _fresh_logits(runtime, stream)
+    stream = random_tokens(120)
+    reference = fresh_logits(runtime, stream)
     runtime.clear()
     runtime.prepare(stream[:100])
     for i in range(100, 119):
@@ -118,7 +106,7 @@ def test_one_token_decodes_really_differ_from_batched_ones(
         (0, 17, 8, (), [8, 15, 17]),
     ],
 )
-def test_chunks_respect_n_batch_and_splits_and_are_never_single_tokens(
+def test_chunks_respect_n_batch_and_splits_and_are_never_singlerandom_tokens(
     start: int, end: int, n_batch: int, splits: tuple[int, ...], expected: list[int]
 ) -> None:
     ends = chunk_ends(start, end, n_batch, splits)
@@ -132,8 +120,8 @@ def test_going_back_reuses_only_what_the_memory_kind_can_keep(
     kind: MemoryKind, tiny_models: dict[str, Path], make_runtime: RuntimeFactory
 ) -> None:
     runtime = make_runtime(tiny_models[kind.value], n_ctx=1024, n_batch=64)
-    runtime.prepare(_tokens(120))
-    target = _tokens(120)[:60] + _tokens(30, seed=5)  # diverges at token 60
+    runtime.prepare(random_tokens(120))
+    target = random_tokens(120)[:60] + random_tokens(30, seed=5)  # diverges at token 60
     report = runtime.prepare(target)
     if kind in (MemoryKind.RECURRENT, MemoryKind.HYBRID):
         # The recurrent state includes tokens 60..119: it cannot be cut back to 60.
@@ -142,26 +130,26 @@ def test_going_back_reuses_only_what_the_memory_kind_can_keep(
         # Dense keeps the prefix; the 64+32-token window still covers position 60.
         assert (report.reused_tokens, report.source) == (60, Source.LIVE)
     assert report.reused_tokens + report.decoded_tokens == report.prompt_tokens
-    assert np.array_equal(runtime.last_logits(), _fresh_logits(runtime, target))
+    assert np.array_equal(runtime.last_logits(), fresh_logits(runtime, target))
 
 
 def test_a_sliding_window_model_never_reuses_below_its_window(
     tiny_models: dict[str, Path], make_runtime: RuntimeFactory
 ) -> None:
     runtime = make_runtime(tiny_models["sliding_window"], n_ctx=1024, n_batch=32)
-    stream = _tokens(400)
+    stream = random_tokens(400)
     runtime.prepare(stream)
     pos_min = runtime.ctx.pos_min()
     assert pos_min > 100, "the window cache should have dropped early positions"
-    early = stream[:100] + _tokens(20, seed=9)
+    early = stream[:100] + random_tokens(20, seed=9)
     report = runtime.prepare(early)
     assert report.reused_tokens == 0  # seq_rm would have said true and kept nothing usable
-    assert np.array_equal(runtime.last_logits(), _fresh_logits(runtime, early))
+    assert np.array_equal(runtime.last_logits(), fresh_logits(runtime, early))
     runtime.prepare(stream)
-    late = stream[:390] + _tokens(5, seed=10)
+    late = stream[:390] + random_tokens(5, seed=10)
     report = runtime.prepare(late)
     assert report.reused_tokens == 390
-    assert np.array_equal(runtime.last_logits(), _fresh_logits(runtime, late))
+    assert np.array_equal(runtime.last_logits(), fresh_logits(runtime, late))
 
 
 @pytest.mark.parametrize("kind", ALL_KINDS, ids=lambda k: k.value)
@@ -169,7 +157,7 @@ def test_cancel_between_chunks_leaves_the_cache_consistent(
     kind: MemoryKind, tiny_models: dict[str, Path], make_runtime: RuntimeFactory
 ) -> None:
     runtime = make_runtime(tiny_models[kind.value], n_ctx=1024, n_batch=32)
-    target = _tokens(200)
+    target = random_tokens(200)
     stop = False
 
     def on_progress(done: int, _total: int) -> None:
@@ -182,7 +170,7 @@ def test_cancel_between_chunks_leaves_the_cache_consistent(
     assert runtime.ctx.pos_max() == 63
     report = runtime.prepare(target)
     assert report.reused_tokens == 64
-    assert np.array_equal(runtime.last_logits(), _fresh_logits(runtime, target))
+    assert np.array_equal(runtime.last_logits(), fresh_logits(runtime, target))
 
 
 @pytest.mark.parametrize("kind", ALL_KINDS, ids=lambda k: k.value)
@@ -190,7 +178,7 @@ def test_cancel_inside_a_chunk_aborts_the_decode_and_stays_consistent(
     kind: MemoryKind, tiny_models: dict[str, Path], make_runtime: RuntimeFactory
 ) -> None:
     runtime = make_runtime(tiny_models[kind.value], n_ctx=1024, n_batch=128)
-    target = _tokens(300)
+    target = random_tokens(300)
     calls = 0
 
     def cancel() -> bool:
@@ -208,14 +196,14 @@ def test_cancel_inside_a_chunk_aborts_the_decode_and_stays_consistent(
     assert held < len(target)
     report = runtime.prepare(target)
     assert report.reused_tokens == held or (held == 0 and report.reused_tokens == 0)
-    assert np.array_equal(runtime.last_logits(), _fresh_logits(runtime, target))
+    assert np.array_equal(runtime.last_logits(), fresh_logits(runtime, target))
 
 
 def test_cancel_during_generation_stops_within_one_token(
     tiny_models: dict[str, Path], make_runtime: RuntimeFactory
 ) -> None:
     runtime = make_runtime(tiny_models["dense"], n_ctx=1024, n_batch=64)
-    prompt = _tokens(50)
+    prompt = random_tokens(50)
     runtime.prepare(prompt)
     seen: list[int] = []
     generation = runtime.generate(
@@ -235,7 +223,7 @@ def test_generation_is_seeded_and_greedy_at_temperature_zero(
     tiny_models: dict[str, Path], make_runtime: RuntimeFactory
 ) -> None:
     runtime = make_runtime(tiny_models["dense"], n_ctx=1024, n_batch=64)
-    prompt = _tokens(40)
+    prompt = random_tokens(40)
 
     def run(sampling: SamplingParams, seed: int) -> tuple[int, ...]:
         runtime.clear()
@@ -248,14 +236,14 @@ def test_generation_is_seeded_and_greedy_at_temperature_zero(
     assert run(GREEDY, 1) == run(GREEDY, 2)
     runtime.clear()
     runtime.prepare(prompt)
-    assert run(GREEDY, 1)[0] == int(np.argmax(_fresh_logits(runtime, prompt)))
+    assert run(GREEDY, 1)[0] == int(np.argmax(fresh_logits(runtime, prompt)))
 
 
-def test_generation_stops_at_max_tokens(
+def test_generation_stops_at_maxrandom_tokens(
     tiny_models: dict[str, Path], make_runtime: RuntimeFactory
 ) -> None:
     runtime = make_runtime(tiny_models["recurrent"], n_ctx=1024, n_batch=64)
-    runtime.prepare(_tokens(20))
+    runtime.prepare(random_tokens(20))
     generation = runtime.generate(max_tokens=5, sampling=GREEDY, seed=0)
     assert generation.finish in (FinishReason.LENGTH, FinishReason.STOP)
     assert len(generation.tokens) <= 5
@@ -265,10 +253,10 @@ def test_a_prompt_longer_than_the_context_is_refused_with_the_numbers(
     tiny_models: dict[str, Path], make_runtime: RuntimeFactory
 ) -> None:
     runtime = make_runtime(tiny_models["dense"], n_ctx=256, n_batch=64)
-    runtime.prepare(_tokens(100))
+    runtime.prepare(random_tokens(100))
     before = runtime.live_tokens
     with pytest.raises(ContextOverflowError, match="is 300 tokens long but the context holds 256"):
-        runtime.prepare(_tokens(300))
+        runtime.prepare(random_tokens(300))
     assert runtime.live_tokens == before  # nothing was touched
 
 
@@ -276,7 +264,7 @@ def test_generation_stops_when_the_context_is_full(
     tiny_models: dict[str, Path], make_runtime: RuntimeFactory
 ) -> None:
     runtime = make_runtime(tiny_models["dense"], n_ctx=256, n_batch=64)
-    runtime.prepare(_tokens(250))
+    runtime.prepare(random_tokens(250))
     generation = runtime.generate(
         max_tokens=100, sampling=SamplingParams(temperature=1.0), seed=0
     )
@@ -316,5 +304,5 @@ def test_gpu_offload_without_a_gpu_falls_back_to_the_cpu_and_says_so(
     else:
         assert runtime.backend == "CPU"
         assert any("no GPU backend" in n for n in runtime.notices)
-    runtime.prepare(_tokens(20))
+    runtime.prepare(random_tokens(20))
     assert runtime.generate(max_tokens=2, sampling=GREEDY, seed=0).ttft_ms is not None

@@ -22,7 +22,6 @@ import hmac
 import os
 import re
 import secrets
-import tempfile
 import time
 import zipfile
 import zlib
@@ -32,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from engine import __version__
+from engine.atomic import atomic_writer
 from engine.checkpoints import Checkpoint, Identity
 from engine.formats import FormatError
 from engine.formats.strict_json import dumps_strict, loads_strict
@@ -135,21 +135,11 @@ def write_session(
         "created": time.time(),
         "members": {name: hashlib.sha256(data).hexdigest() for name, data in members.items()},
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as raw:
-            with zipfile.ZipFile(raw, "w") as archive:
-                archive.writestr("manifest.json", dumps_strict(manifest), zipfile.ZIP_DEFLATED)
-                for name, data in members.items():
-                    method = zipfile.ZIP_STORED if name.endswith(".bin") else zipfile.ZIP_DEFLATED
-                    archive.writestr(name, bytes(data), method)
-            raw.flush()
-            os.fsync(raw.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_writer(path) as raw, zipfile.ZipFile(raw, "w") as archive:
+        archive.writestr("manifest.json", dumps_strict(manifest), zipfile.ZIP_DEFLATED)
+        for name, data in members.items():
+            method = zipfile.ZIP_STORED if name.endswith(".bin") else zipfile.ZIP_DEFLATED
+            archive.writestr(name, bytes(data), method)
 
 
 def _record_to_json(record: ConversationRecord) -> dict[str, Any]:
