@@ -186,6 +186,9 @@ class MainWindow(QMainWindow):
         edit_menu = self.menuBar().addMenu("&Edit")
         self.action_undo = self._action("Undo", "Ctrl+Z", self.undo)
         edit_menu.addAction(self.action_undo)
+        self.action_continue = self._action("Continue the reply", "Ctrl+Shift+Return",
+                                            self.continue_last)
+        edit_menu.addAction(self.action_continue)
         view_menu = self.menuBar().addMenu("&View")
         toggle = self.tree_dock.toggleViewAction()
         toggle.setShortcut(QKeySequence("Ctrl+T"))
@@ -381,6 +384,15 @@ class MainWindow(QMainWindow):
             return
         self.tree.set_active(parent)
         self._start_reply(self.tree.node(parent))
+
+    @Slot()
+    def continue_last(self) -> None:
+        """Continue the active branch's last reply (an interrupted one, typically)."""
+        if self.current is None:
+            return
+        last = self.tree.node(self.tree.active_leaf)
+        if last.role is Role.ASSISTANT:
+            self.continue_reply(last.id)
 
     @Slot(int)
     def continue_reply(self, node_id: int) -> None:

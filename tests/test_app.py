@@ -109,6 +109,13 @@ def test_stop_mid_reply_keeps_it_interrupted(qtbot: QtBot, window: MainWindow) -
     assert reply.meta["finish"] == "cancelled"
     assert reply.status is NodeStatus.INTERRUPTED and reply.text
     assert window.send_button.text() == "Send"
+    window.text_shown.disconnect(window.stop)
+    partial = reply.text
+    with qtbot.waitSignal(window.reply_finished, timeout=TIMEOUT):
+        window.action_continue.trigger()
+    assert reply.status is NodeStatus.COMPLETE
+    assert reply.text.startswith(partial) and len(reply.text) > len(partial)
+    assert len(window.tree.messages()) == 2  # the same reply grew; no new sibling
 
 
 def test_rewind_and_send_starts_a_new_branch(qtbot: QtBot, window: MainWindow) -> None:
