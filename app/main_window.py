@@ -102,6 +102,7 @@ class MainWindow(QMainWindow):
         self._model: ModelLoaded | None = None
         self._usage: StoreUsage | None = None
         self._prepare_started = 0.0
+        self._sink: StoreSink | None = None
 
         self.sidebar = Sidebar()
         self.chat = ChatView()
@@ -554,7 +555,8 @@ class MainWindow(QMainWindow):
         self.progress.setVisible(False)
         rate = streaming.pieces / max(1e-3, time.monotonic() - streaming.started)
         self.progress_label.setText(f"Answering… {rate:.1f} tokens/s")
-        self._sink.streaming(node)  # saved at most a second behind
+        if self._sink is not None:
+            self._sink.streaming(node)  # saved at most a second behind
         if piece.conversation_id == self.current:
             self.chat.model().update_text(node.id, node.text, node.status.value)
         self.text_shown.emit()

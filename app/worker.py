@@ -40,7 +40,7 @@ class EngineWorker(QObject):
     yielded = Signal(object)  # Piece
     returned = Signal(object)  # ReplyDone
     aborted = Signal(object)  # Failed (cancelled)
-    errored = Signal(object)  # Failed, or a str for load errors
+    errored = Signal(object)  # Failed
     load_failed = Signal(str)
     usage = Signal(object)  # StoreUsage
 

@@ -8,12 +8,11 @@ bounded depth and size, known roles), and `to_tree()` builds a `Tree` with fresh
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
 from engine.errors import ArborError
-from engine.tree import Node, NodeStatus, Role, Tree
+from engine.tree import NodeStatus, Role, Tree
 
 MAX_NODES = 200_000
 MAX_DEPTH = 20_000
@@ -175,13 +174,8 @@ def to_tree(record: ConversationRecord) -> Tree:
     return tree
 
 
-def now() -> float:
-    return time.time()
-
-
 __all__ = [
     "ConversationRecord",
-    "Node",
     "NodeRecord",
     "RecordError",
     "from_tree",

@@ -222,31 +222,28 @@ class Runtime:
     def restore(self, checkpoint: Checkpoint) -> bool:
         """Load a checkpoint and verify it. On any failure the sequence is cleared."""
         self.clear()
-        if checkpoint.blob is None:
-            return False
-        read = self.ctx.state_set(checkpoint.blob, checkpoint.flags)
-        if read != checkpoint.size:
-            log.warning(
-                "checkpoint %d: llama.cpp read %d of %d bytes; dropping it",
-                checkpoint.id, read, checkpoint.size,
-            )
-            self.clear()
-            return False
-        pos_max = self.ctx.pos_max()
-        if pos_max != checkpoint.pos_max:
-            log.warning(
-                "checkpoint %d restored to position %d, expected %d; dropping it",
-                checkpoint.id, pos_max, checkpoint.pos_max,
-            )
-            self.clear()
-            return False
-        if not self._window_holds(checkpoint.n_tokens):
-            log.warning("checkpoint %d lacks the tokens the next ones attend to", checkpoint.id)
+        problem = self._load_and_verify(checkpoint)
+        if problem is not None:
+            log.warning("checkpoint %d %s; dropping it", checkpoint.id, problem)
             self.clear()
             return False
         self._live = list(checkpoint.tokens)
         self._canonical = len(self._live)
         return True
+
+    def _load_and_verify(self, checkpoint: Checkpoint) -> str | None:
+        """Hand the blob to llama.cpp and check the result; the problem, or None."""
+        if checkpoint.blob is None:
+            return "has no state loaded"
+        read = self.ctx.state_set(checkpoint.blob, checkpoint.flags)
+        if read != checkpoint.size:
+            return f"was read as {read} of {checkpoint.size} bytes"
+        pos_max = self.ctx.pos_max()
+        if pos_max != checkpoint.pos_max:
+            return f"restored to position {pos_max}, expected {checkpoint.pos_max}"
+        if not self._window_holds(checkpoint.n_tokens):
+            return "lacks the tokens the next ones attend to"
+        return None
 
     # --- preparing a prompt -------------------------------------------------------------
 

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import json
 import logging
-import shutil
 import sqlite3
 import time
 from array import array
@@ -25,7 +24,7 @@ from typing import Any
 
 from engine.errors import ArborError
 from engine.paths import data_dirs
-from engine.records import ConversationRecord, NodeRecord, from_tree, to_tree, validate
+from engine.records import ConversationRecord, from_tree, to_tree, validate
 from engine.tree import Node, NodeStatus, Role, Tree
 
 log = logging.getLogger(__name__)
@@ -97,6 +96,13 @@ def _run_script(db: sqlite3.Connection, script: str) -> None:
 # Numbered migrations: MIGRATIONS[i] brings the schema from version i to i + 1.
 MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_migration_1]
 SCHEMA_VERSION = len(MIGRATIONS)
+
+
+# The columns of a ConversationInfo; the count leaves out the system root.
+_INFO_COLUMNS = (
+    "c.id, c.title, c.created, c.updated, c.deleted_at, "
+    "(SELECT COUNT(*) FROM nodes n WHERE n.conversation_id = c.id) - 1"
+)
 
 
 @dataclass(frozen=True)
@@ -315,9 +321,8 @@ class Store:
         """Conversations, most recently updated first."""
         where = "" if include_deleted else "WHERE c.deleted_at IS NULL"
         rows = self._db.execute(
-            "SELECT c.id, c.title, c.created, c.updated, c.deleted_at, "
-            "(SELECT COUNT(*) FROM nodes n WHERE n.conversation_id = c.id) - 1 "
-            f"FROM conversations c {where} ORDER BY c.updated DESC, c.id DESC"
+            f"SELECT {_INFO_COLUMNS} FROM conversations c {where} "
+            "ORDER BY c.updated DESC, c.id DESC"
         ).fetchall()
         return [ConversationInfo(*row) for row in rows]
 
@@ -388,10 +393,12 @@ class Store:
     # --- internals ---------------------------------------------------------------------
 
     def _info(self, conversation_id: int) -> ConversationInfo:
-        for info in self.list(include_deleted=True):
-            if info.id == conversation_id:
-                return info
-        raise StoreError(f"conversation {conversation_id} does not exist")
+        row = self._db.execute(
+            f"SELECT {_INFO_COLUMNS} FROM conversations c WHERE c.id = ?", (conversation_id,)
+        ).fetchone()
+        if row is None:
+            raise StoreError(f"conversation {conversation_id} does not exist")
+        return ConversationInfo(*row)
 
     @staticmethod
     def _require(db: sqlite3.Connection, conversation_id: int) -> None:
@@ -522,16 +529,8 @@ def _node_from_row(row: tuple[Any, ...]) -> Node:
     )
 
 
-def copy_aside(path: Path) -> Path:
-    """Keep a copy of a database that could not be opened (before the user starts over)."""
-    target = path.with_name(f"{path.name}.unreadable-{int(time.time())}")
-    shutil.copy2(path, target)
-    return target
-
-
 __all__ = [
     "ConversationInfo",
-    "NodeRecord",
     "SearchHit",
     "Store",
     "StoreError",
