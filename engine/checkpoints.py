@@ -301,6 +301,25 @@ class CheckpointStore:
             self._evict(entry)
         self._enforce_disk_budget()
 
+    def configure(self, *, ram_budget: int | None, disk_dir: Path | None) -> None:
+        """New settings, applied at once. Turning the disk tier off removes its files (they
+        are a cache: the conversations never depend on them); turning it on offers what a
+        previous run left there."""
+        self.ram_budget = default_ram_budget() if ram_budget is None else ram_budget
+        wanted = disk_dir / self.identity.key() if disk_dir is not None else None
+        if wanted != self._disk:
+            for checkpoint_id, entry in list(self._entries.items()):
+                if entry.path is None:
+                    continue
+                entry.path.unlink(missing_ok=True)
+                entry.path = None
+                if not entry.in_ram:
+                    del self._entries[checkpoint_id]
+            self._disk = wanted
+            if self._disk is not None:
+                self._load_disk_index()
+        self.enforce_budget()
+
     # --- internals -------------------------------------------------------------------
 
     def _value(self, entry: _Entry) -> tuple[bool, float, int]:

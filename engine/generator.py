@@ -18,7 +18,7 @@ from dataclasses import dataclass, replace
 from engine.checkpoints import DEFAULT_INTERVAL, Checkpoint, CheckpointStore, plan_saves
 from engine.llama import SamplingParams
 from engine.prompt import CHATML_TEMPLATE, ChatTemplate, PromptBuilder, Tokenizer
-from engine.runtime import CancelFn, Generation, PrepareReport, ProgressFn, Runtime
+from engine.runtime import CancelFn, Generation, PlanFn, PrepareReport, ProgressFn, Runtime
 from engine.tree import Node
 
 log = logging.getLogger(__name__)
@@ -72,6 +72,7 @@ class Generator:
         *,
         resume: Node | None = None,
         on_progress: ProgressFn | None = None,
+        on_plan: PlanFn | None = None,
         cancel: CancelFn | None = None,
     ) -> Prepared:
         """Bring the context to the prompt for a reply after `path` (or for more of
@@ -85,8 +86,31 @@ class Generator:
             before = opened[len(self.prompts.generation_prompt(path)):]
             base_text = resume.text
             target = self.prompts.path_tokens(path) + opened
-        report = self._prepare(list(path), target, on_progress, cancel)
+        report = self._prepare(list(path), target, on_progress, cancel, on_plan)
         return Prepared(report, tuple(before), base_text)
+
+    def warm(self, path: Sequence[Node], *, cancel: CancelFn | None = None) -> PrepareReport | None:
+        """Prepare what the next prompt will start with: `path` itself, batched.
+
+        Done while the user reads or types, so that Send decodes only the new message. After
+        a reply this re-decodes the reply in one batch (its one-token decode is not the
+        canonical state; see Runtime.canonical_tokens). Returns None when the context holds
+        exactly that already. Cancellable between chunks and inside one.
+        """
+        if not self.use_cache:
+            return None  # every prompt is decoded from scratch anyway
+        target = self.prompts.path_tokens(path)
+        runtime = self.runtime
+        held = runtime.live_tokens[: runtime.canonical_tokens]
+        if len(target) < 2 or (len(held) == len(target) and list(held) == target):
+            return None
+        if len(target) >= runtime.n_ctx:
+            return None  # the real request will say so
+        return self._prepare(list(path), target, None, cancel, None)
+
+    def configure(self, *, sampling: SamplingParams, checkpoint_interval: int) -> None:
+        self.sampling = sampling
+        self.checkpoint_interval = checkpoint_interval
 
     def generate(
         self,
@@ -126,15 +150,18 @@ class Generator:
         target: list[int],
         on_progress: ProgressFn | None,
         cancel: CancelFn | None,
+        on_plan: PlanFn | None = None,
     ) -> PrepareReport:
         if not self.use_cache:
             self.runtime.clear()
             return self.runtime.prepare(
-                target, use_live=False, on_progress=on_progress, cancel=cancel
+                target, use_live=False, on_progress=on_progress, on_plan=on_plan, cancel=cancel
             )
         store = self.checkpoints
         if store is None:
-            return self.runtime.prepare(target, on_progress=on_progress, cancel=cancel)
+            return self.runtime.prepare(
+                target, on_progress=on_progress, on_plan=on_plan, cancel=cancel
+            )
         ends = list(itertools.accumulate(len(node.tokens or ()) for node in path))
         store.protect(node.id for node in path)
         candidates = store.candidates(target)
@@ -166,6 +193,7 @@ class Generator:
             save_at=saves,
             on_checkpoint=keep,
             on_progress=on_progress,
+            on_plan=on_plan,
             cancel=cancel,
         )
         for checkpoint_id in prepared.failed_checkpoints:

@@ -36,6 +36,7 @@ KV_TYPES: dict[str, int] = {
 
 _NO_ABORT = lc.ggml_abort_callback(0)  # a NULL callback
 _ABORT_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
+_PROGRESS_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_float, ctypes.c_void_p)  # int: see below
 _init_lock = threading.Lock()
 _initialised = False
 
@@ -108,13 +109,31 @@ class ContextParams:
 class LlamaModel:
     """A loaded GGUF model (weights, vocabulary, metadata)."""
 
-    def __init__(self, path: Path, *, n_gpu_layers: int = 0) -> None:
+    def __init__(
+        self,
+        path: Path,
+        *,
+        n_gpu_layers: int = 0,
+        on_progress: Callable[[float], None] | None = None,
+    ) -> None:
         init_backend()
         self.path = path
         self.info = read_model_info(path)  # clear errors for missing or non-GGUF files
         params = lc.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
         params.use_mmap = True
+        if on_progress is not None:
+
+            def report(fraction: float, _user_data: ctypes.c_void_p) -> int:
+                try:
+                    on_progress(fraction)
+                except Exception:  # never let Python unwind into llama.cpp
+                    log.exception("model load progress callback failed")
+                return 1  # go on loading
+
+            # Kept alive in a local for the duration of the (synchronous) load.
+            progress_fn = _PROGRESS_FN(report)
+            params.progress_callback = ctypes.cast(progress_fn, lc.llama_progress_callback)
         self._ptr = lc.llama_model_load_from_file(str(path).encode(), params)
         if not self._ptr:
             raise ModelLoadError(

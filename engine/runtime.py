@@ -40,6 +40,9 @@ STATE_FLAGS = 0  # full per-sequence state: the only kind safe for every memory 
 ProgressFn = Callable[[int, int], None]  # (tokens decoded so far, tokens to decode)
 TokenFn = Callable[[int, str], None]  # (token id, text it added)
 CancelFn = Callable[[], bool]
+# (prompt tokens, tokens reused, where they came from, the checkpoint's last position or None),
+# called once the plan is fixed and before decoding starts: what the progress bar says.
+PlanFn = Callable[[int, int, "Source", int | None], None]
 
 
 class Source(StrEnum):
@@ -102,7 +105,13 @@ class Generation:
 class Runtime:
     """Owns one model and one context. Not thread-safe: one thread calls everything."""
 
-    def __init__(self, model_path: Path, settings: RuntimeSettings | None = None) -> None:
+    def __init__(
+        self,
+        model_path: Path,
+        settings: RuntimeSettings | None = None,
+        *,
+        on_load_progress: Callable[[float], None] | None = None,
+    ) -> None:
         self.settings = settings or RuntimeSettings()
         self.notices: list[str] = []
         n_gpu_layers = self.settings.n_gpu_layers
@@ -115,7 +124,9 @@ class Runtime:
             self.notices.append(message)
             n_gpu_layers = 0
         self.backend = (gpu_backend_name() or "CPU") if n_gpu_layers != 0 else "CPU"
-        self.model = LlamaModel(model_path, n_gpu_layers=n_gpu_layers)
+        self.model = LlamaModel(
+            model_path, n_gpu_layers=n_gpu_layers, on_progress=on_load_progress
+        )
         try:
             self.ctx = LlamaContext(self.model, self.settings.context_params())
         except ArborError:
@@ -257,6 +268,7 @@ class Runtime:
         save_at: Sequence[int] = (),
         on_checkpoint: Callable[[Checkpoint], None] | None = None,
         on_progress: ProgressFn | None = None,
+        on_plan: PlanFn | None = None,
         cancel: CancelFn | None = None,
     ) -> PrepareReport:
         """Bring the context to hold exactly `target`, with logits for its last token.
@@ -302,6 +314,8 @@ class Runtime:
                 failed.append(checkpoint.id)
         if source is Source.NONE:
             self.clear()
+        if on_plan is not None:
+            on_plan(len(target), reuse, source, used.pos_max if used is not None else None)
         saves = sorted({p for p in save_at if reuse < p <= len(target)})
         self._decode_tail(target, reuse, saves, on_checkpoint, on_progress, cancel)
         return PrepareReport(
