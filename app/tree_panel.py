@@ -341,6 +341,15 @@ class _Style:
         item.setPen(self.active_edge if item.highlighted else self.edge)
 
 
+@dataclass(frozen=True)
+class PanelUpdate:
+    """What the last `set_tree` did: the work a change cost, for tests and logs."""
+
+    drawn: int
+    reused: int
+    removed: int
+
+
 class TreePanel(QGraphicsView):
     """The conversation as a graph. Feed it with `set_tree`; listen to `node_clicked`."""
 
@@ -364,6 +373,7 @@ class TreePanel(QGraphicsView):
         self.setAlignment(Qt.AlignmentFlag.AlignHCenter | Qt.AlignmentFlag.AlignTop)
         self._style = _Style.from_palette(self.palette())
         self._nodes: dict[int, NodeItem] = {}
+        self.last_update = PanelUpdate(0, 0, 0)
         self._edges: dict[int, EdgeItem] = {}
 
     # --- content -----------------------------------------------------------------------
@@ -420,6 +430,7 @@ class TreePanel(QGraphicsView):
             for gone in stale:
                 scene.removeItem(gone)  # Python owns it now; dropping it deletes it
         self._nodes, self._edges = nodes_out, edges_out
+        self.last_update = PanelUpdate(len(nodes_out), reused, len(stale))
         # The scene rect never shrinks on its own: set it, so a smaller tree scrolls right.
         scene.setSceneRect(QRectF(0, 0, layout.width, layout.height))
         log.debug(

@@ -249,12 +249,21 @@ class Store:
              *, deleted: Sequence[int] = ()) -> None:
         """One user action: write the given nodes (new or changed), the last-active
         pointers of the active path, the active leaf and deletions, in one transaction."""
-        touched = {n.id: n for n in (*tree.active_path(), *nodes) if n.id in tree}
+        written = {n.id: n for n in nodes if n.id in tree}
+        # The rest of the active path changes at most its last-active pointer: one cheap
+        # UPDATE each (rows already right are left alone), no rewrite, no re-index.
+        pointers = [(n.last_active_child, conversation_id, n.id)
+                    for n in tree.active_path() if n.id not in written]
         with self._tx() as db:
             self._require(db, conversation_id)
             if deleted:
                 self._delete_nodes(db, conversation_id, deleted)
-            self._write_nodes(db, conversation_id, list(touched.values()))
+            self._write_nodes(db, conversation_id, list(written.values()))
+            db.executemany(
+                "UPDATE nodes SET last_active_child = ? WHERE conversation_id = ? AND id = ? "
+                "AND last_active_child IS NOT ?",
+                [(*row, row[0]) for row in pointers],
+            )
             db.execute(
                 "UPDATE conversations SET active_leaf = ?, updated = ? WHERE id = ?",
                 (tree.active_leaf, time.time(), conversation_id),

@@ -1,6 +1,6 @@
 """A process that writes conversations as fast as it can; the crash test SIGKILLs it.
 
-After each action returns (its transaction committed) it prints one line:
+It prints "ready" once the store is open. After each action returns (its transaction committed) it prints one line:
     created <conversation> <root>            a new conversation
     sent <conversation> <user> <reply>       a user message and its complete reply
 The test checks that everything printed is in the database, whole.
@@ -21,6 +21,7 @@ def main() -> None:
     rng = random.Random(seed)
     store = Store(db)
     conversations: list[int] = [c.id for c in store.list()]
+    print("ready", flush=True)  # the test's clock starts here, not at the interpreter's start
     while True:
         if not conversations or rng.random() < 0.2:
             tree = Tree(f"system {seed}")

@@ -41,6 +41,27 @@ def test_a_tree_round_trips_with_every_branch(tmp_path: Path) -> None:
     assert [n.text for n in loaded.messages()] == ["q1", "r1", "q2", "r2"]
 
 
+def test_switching_branches_saves_the_pointers_and_leaves_other_rows_alone(
+    tmp_path: Path,
+) -> None:
+    tree = _tree("q1", "r1", "q2", "r2")
+    first = tree.message(0).id
+    other = tree.add_sibling(first, "q1 again")
+    tree.add_child(other.id, Role.ASSISTANT, "r1 again")
+    with Store(tmp_path / "c.db") as store:
+        cid = store.create(tree, title="Switch")
+        changes_before = store._db.total_changes
+        for variant in (0, 1, 0):
+            tree.switch_variant(first, variant)
+            store.save(cid, tree)
+            loaded = store.load(cid)
+            assert _shape(loaded) == _shape(tree)
+            assert loaded.active_leaf == tree.active_leaf
+        # Each switch rewrote one pointer (the root's) and the conversation row: no message
+        # was rewritten or re-indexed.
+        assert store._db.total_changes - changes_before == 3 * 2
+
+
 def test_list_rename_soft_delete_undo_and_purge(tmp_path: Path) -> None:
     with Store(tmp_path / "c.db") as store:
         first = store.create(_tree("a"), title="first")
