@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from engine.errors import ArborError
-from engine.tree import NodeStatus, Role, Tree
+from engine.tree import Node, NodeStatus, Role, Tree
 
 MAX_NODES = 200_000
 MAX_DEPTH = 20_000
@@ -141,36 +141,38 @@ def from_tree(
 
 
 def to_tree(record: ConversationRecord) -> Tree:
-    """Build a Tree from a validated record. Ids are remapped; sibling order follows creation
-    time, then file order; the active path is the record's active leaf."""
+    """Build a Tree from a validated record. Ids are remapped (parents before children);
+    sibling order follows creation time, then file order; the active path is the record's
+    active leaf. Linear in the number of nodes (imports hold tens of thousands)."""
     validate(record)
     children: dict[str, list[NodeRecord]] = {}
-    for _index, node in enumerate(record.nodes):
+    for node in record.nodes:
         if node.parent is not None:
             children.setdefault(node.parent, []).append(node)
     order = {node.id: i for i, node in enumerate(record.nodes)}
     root = record.root
-    tree = Tree(root.text)
-    tree.root.created = root.created
-    tree.root.tokens = root.tokens
-    mapping = {root.id: tree.root_id}
+    mapping = {root.id: 0}
+    built = [Node(id=0, parent=None, role=Role.SYSTEM, text=root.text, created=root.created,
+                  tokens=root.tokens)]
     stack = [root]
     while stack:
         parent = stack.pop()
         kids = sorted(children.get(parent.id, []), key=lambda n: (n.created, order[n.id]))
         for kid in kids:
-            node = tree.add_child(mapping[parent.id], kid.role, kid.text, status=kid.status)
-            node.created = kid.created
-            node.tokens = kid.tokens
-            node.meta = dict(kid.meta)
-            mapping[kid.id] = node.id
+            mapping[kid.id] = len(built)
+            built.append(Node(id=len(built), parent=mapping[parent.id], role=kid.role,
+                              text=kid.text, created=kid.created, tokens=kid.tokens,
+                              status=kid.status, meta=dict(kid.meta)))
         stack.extend(reversed(kids))
     parents = {node.id: node.parent for node in record.nodes}
     for node in record.nodes:
         child = node.last_active_child
         if child is not None and child in mapping and parents.get(child) == node.id:
-            tree.node(mapping[node.id]).last_active_child = mapping[child]
-    tree.set_active(mapping[record.active_leaf])
+            built[mapping[node.id]].last_active_child = mapping[child]
+    tree = Tree.from_nodes(built, active_leaf=mapping[record.active_leaf])
+    for node in tree.nodes():
+        if node.children and node.last_active_child is None:
+            node.last_active_child = node.children[-1]  # the newest, as when it was written
     return tree
 
 

@@ -24,7 +24,7 @@ from typing import Any
 
 from engine.errors import ArborError
 from engine.paths import data_dirs
-from engine.records import ConversationRecord, from_tree, to_tree, validate
+from engine.records import ConversationRecord, from_tree, to_tree
 from engine.tree import Node, NodeStatus, Role, Tree
 
 log = logging.getLogger(__name__)
@@ -241,8 +241,7 @@ class Store:
                  json.dumps(model) if model is not None else None),
             )
             conversation_id = int(cursor.lastrowid or 0)
-            self._write_nodes(db, conversation_id, [tree.node(i) for i in tree.subtree(
-                tree.root_id)])
+            self._insert_new_nodes(db, conversation_id, list(tree.nodes()))
         return conversation_id
 
     def save(self, conversation_id: int, tree: Tree, nodes: Sequence[Node] = (),
@@ -303,15 +302,20 @@ class Store:
             settings=json.loads(row[0]), model=json.loads(row[1]) if row[1] else None,
         )
 
-    def import_records(self, records: Sequence[ConversationRecord]) -> list[int]:
-        """Add conversations from a file, all in one transaction: on any error, none."""
-        trees = []
-        for record in records:
-            validate(record)
-            trees.append((record, to_tree(record)))
+    def import_records(
+        self, records: Sequence[ConversationRecord], *, trees: Sequence[Tree] | None = None
+    ) -> list[int]:
+        """Add conversations from a file, all in one transaction: on any error, none.
+        `trees`, when given, are `to_tree(record)` for each record, built beforehand (off the
+        thread that owns the store)."""
+        if trees is None:
+            trees = [to_tree(record) for record in records]  # validates each record
+        if len(trees) != len(records):
+            raise ValueError("one tree per record")
+        pairs = list(zip(records, trees, strict=True))
         ids: list[int] = []
         with self._tx() as db:
-            for record, tree in trees:
+            for record, tree in pairs:
                 cursor = db.execute(
                     "INSERT INTO conversations (title, created, updated, active_leaf, "
                     "settings, model) VALUES (?, ?, ?, ?, ?, ?)",
@@ -321,8 +325,7 @@ class Store:
                      json.dumps(record.model) if record.model is not None else None),
                 )
                 conversation_id = int(cursor.lastrowid or 0)
-                self._write_nodes(db, conversation_id,
-                                  [tree.node(i) for i in tree.subtree(tree.root_id)])
+                self._insert_new_nodes(db, conversation_id, list(tree.nodes()))
                 ids.append(conversation_id)
         return ids
 
@@ -430,6 +433,30 @@ class Store:
                  node.last_active_child, json.dumps(node.meta)),
             )
             self._index_text(db, conversation_id, node.id, node.text)
+
+    @staticmethod
+    def _insert_new_nodes(db: sqlite3.Connection, conversation_id: int,
+                          nodes: Sequence[Node]) -> None:
+        """All the nodes of a conversation that has none yet, and their search index, in
+        bulk: an import of 30,000 messages is a handful of statements, not 120,000."""
+        ordered = sorted(nodes, key=lambda n: n.id)  # parents first: the foreign key holds
+        db.executemany(
+            "INSERT INTO nodes (conversation_id, id, parent_id, role, text, tokens, created, "
+            "status, last_active_child, meta) VALUES (?,?,?,?,?,?,?,?,?,?)",
+            [(conversation_id, n.id, n.parent, n.role.value, n.text, _pack_tokens(n.tokens),
+              n.created, n.status.value, n.last_active_child, json.dumps(n.meta))
+             for n in ordered],
+        )
+        db.executemany(
+            "INSERT INTO nodes_fts_map (conversation_id, node_id) VALUES (?, ?)",
+            [(conversation_id, n.id) for n in ordered],
+        )
+        db.execute(
+            "INSERT INTO nodes_fts (rowid, text) SELECT m.rowid, n.text FROM nodes_fts_map m "
+            "JOIN nodes n ON n.conversation_id = m.conversation_id AND n.id = m.node_id "
+            "WHERE m.conversation_id = ?",
+            (conversation_id,),
+        )
 
     def _index_text(self, db: sqlite3.Connection, conversation_id: int, node_id: int,
                     text: str) -> None:

@@ -4,19 +4,27 @@ first, and changes the store in one transaction or not at all."""
 from __future__ import annotations
 
 import logging
+import threading
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
 from engine.atomic import write_atomic
 from engine.checkpoints import CheckpointStore, Identity
+from engine.errors import Cancelled
 from engine.formats import FormatError
 from engine.formats.chatgpt import export_chatgpt, parse_chatgpt
 from engine.formats.markdown import export_markdown
-from engine.formats.native import SessionContents, read_session, write_session
+from engine.formats.native import (
+    SessionCheckpoint,
+    SessionContents,
+    read_session,
+    write_session,
+)
 from engine.formats.openai_messages import export_openai_messages, parse_openai_messages
-from engine.records import ConversationRecord
+from engine.records import ConversationRecord, to_tree
 from engine.store import Store
+from engine.tree import Tree
 
 log = logging.getLogger(__name__)
 
@@ -75,16 +83,60 @@ def read_any(path: Path, *, identity: Identity | None = None) -> SessionContents
     )
 
 
-def import_file(
-    path: Path,
-    store: Store,
-    *,
-    identity: Identity | None = None,
-    checkpoints: CheckpointStore | None = None,
-) -> ImportResult:
-    """Validate the whole file, then add its conversations in one transaction."""
+@dataclass(frozen=True)
+class ParsedImport:
+    """A file read, checked and turned into trees: all the work of an import but the write."""
+
+    contents: SessionContents
+    trees: tuple[Tree, ...]  # one per conversation, built off the thread that owns the store
+
+    @property
+    def conversations(self) -> list[ConversationRecord]:
+        return self.contents.conversations
+
+    @property
+    def checkpoints(self) -> list[SessionCheckpoint]:
+        return self.contents.checkpoints
+
+    @property
+    def dropped_checkpoints(self) -> int:
+        return self.contents.dropped_checkpoints
+
+
+def parse_import(
+    path: Path, *, identity: Identity | None = None, cancel: threading.Event | None = None
+) -> ParsedImport:
+    """Everything an import does short of the store: read, parse, validate, apply the limits.
+
+    It needs no store and changes nothing, so it may run on any thread (the app runs it off
+    the GUI thread: a large ChatGPT export takes seconds). What it returns already passed every
+    check the store makes, so `commit_import` only writes. Raises an ArborError subclass with a
+    one-line message: FormatError for a rejected file, Cancelled once `cancel` is set. The
+    format readers have no cancellation points, so `cancel` is seen between the stages only.
+    """
+    _check_cancel(cancel)
     contents = read_any(path, identity=identity)
-    ids = store.import_records(contents.conversations)
+    _check_cancel(cancel)
+    if not contents.conversations:  # e.g. an empty ChatGPT export: nothing to add is an error
+        raise FormatError(f"{path.name} holds no conversations")
+    trees: list[Tree] = []
+    for record in contents.conversations:
+        trees.append(to_tree(record))  # linear, but a second of work for a 40 MB export
+        if len(trees) % 100 == 0:
+            _check_cancel(cancel)
+    return ParsedImport(contents, tuple(trees))
+
+
+def commit_import(
+    parsed: ParsedImport, store: Store, *, checkpoints: CheckpointStore | None = None
+) -> ImportResult:
+    """Add parsed conversations in one transaction: all of them or, on any error, none.
+
+    Runs on the thread that owns `store` (SQLite connections are not shared between threads).
+    Failures are StoreError (an ArborError) and leave the store as it was.
+    """
+    contents = parsed.contents
+    ids = store.import_records(contents.conversations, trees=parsed.trees)
     kept = 0
     if checkpoints is not None:
         for item in contents.checkpoints:
@@ -93,6 +145,24 @@ def import_file(
         checkpoints.enforce_budget()
     dropped = contents.dropped_checkpoints + (len(contents.checkpoints) - kept)
     return ImportResult(ids, [r.title for r in contents.conversations], kept, dropped)
+
+
+def import_file(
+    path: Path,
+    store: Store,
+    *,
+    identity: Identity | None = None,
+    checkpoints: CheckpointStore | None = None,
+) -> ImportResult:
+    """Validate the whole file, then add its conversations in one transaction (the CLI's
+    one-call import; the app runs the two steps on different threads)."""
+    contents = parse_import(path, identity=identity)
+    return commit_import(contents, store, checkpoints=checkpoints)
+
+
+def _check_cancel(cancel: threading.Event | None) -> None:
+    if cancel is not None and cancel.is_set():
+        raise Cancelled()
 
 
 def export_file(
@@ -114,4 +184,14 @@ def export_file(
     write_atomic(out, data)
 
 
-__all__ = ["ConversationRecord", "FileFormat", "ImportResult", "export_file", "import_file"]
+__all__ = [
+    "ConversationRecord",
+    "FileFormat",
+    "ImportResult",
+    "SessionContents",
+    "commit_import",
+    "export_file",
+    "import_file",
+    "parse_import",
+    "read_any",
+]
