@@ -14,6 +14,9 @@ smoothly:
   cache on long conversations.
 * `ChatView` is the `QListView` with the per-message actions (edit, regenerate, rewind,
   fork, copy, delete, previous/next version), each reported as a signal with the node id.
+* Editing happens in place: the delegate creates a `MessageEditor` over the one bubble being
+  edited (a persistent editor, so the only widget in the list) and the row grows to fit it.
+  The model stays read-only; the view reports the new text with `edit_submitted`.
 """
 
 from __future__ import annotations
@@ -66,11 +69,15 @@ from PySide6.QtGui import (
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QApplication,
+    QLabel,
+    QLayout,
     QListView,
     QMenu,
+    QPlainTextEdit,
     QStyle,
     QStyledItemDelegate,
     QStyleOptionViewItem,
+    QVBoxLayout,
     QWidget,
 )
 
@@ -325,6 +332,169 @@ class ChatModel(QAbstractListModel):
         self._index = {row.node_id: i for i, row in enumerate(self._rows)}
 
 
+# --- the in-place editor -----------------------------------------------------------------
+
+
+def _is_enter(event: QKeyEvent) -> bool:
+    return event.key() in (Qt.Key.Key_Return, Qt.Key.Key_Enter)
+
+
+class _EditBox(QPlainTextEdit):
+    """The editor's text box, with the composer's keys: Enter submits, Shift+Enter is a new
+    line, Esc cancels.
+
+    It keeps every key it is sent: the chat view's own keys (Delete, Ctrl+Backspace,
+    Alt+Left...) act on whole messages, so one that slipped through from the box would delete
+    a branch or switch versions while the user is only editing text. `reserved` lists those
+    keys; the box claims them before any shortcut sees them.
+    """
+
+    submit = Signal()
+    cancel = Signal()
+    resized = Signal()
+
+    def __init__(self, parent: QWidget, reserved: Sequence[QKeySequence]) -> None:
+        super().__init__(parent)
+        self._reserved = tuple(reserved)
+        self.setTabChangesFocus(True)  # as in the composer
+
+    def _claims(self, event: QKeyEvent) -> bool:
+        if _is_enter(event) or event.key() == Qt.Key.Key_Escape:
+            return True  # never the window's Stop (Esc) or any other window shortcut
+        pressed = QKeySequence(event.keyCombination())
+        return any(
+            seq.matches(pressed) == QKeySequence.SequenceMatch.ExactMatch for seq in self._reserved
+        )
+
+    def event(self, event: QEvent) -> bool:
+        """Claim the reserved keys, Enter and Esc before shortcuts fire."""
+        if (
+            event.type() == QEvent.Type.ShortcutOverride
+            and isinstance(event, QKeyEvent)
+            and self._claims(event)
+        ):
+            event.accept()
+            return True
+        return super().event(event)
+
+    def keyPressEvent(self, event: QKeyEvent) -> None:
+        """Enter submits, Shift+Enter is a new line, Esc cancels; no key reaches the view."""
+        if _is_enter(event) and not event.modifiers() & Qt.KeyboardModifier.ShiftModifier:
+            self.submit.emit()
+        elif event.key() == Qt.Key.Key_Escape:
+            self.cancel.emit()
+        else:
+            super().keyPressEvent(event)
+        event.accept()
+
+    def resizeEvent(self, event: Any) -> None:
+        """A new width wraps the text anew, which may change the height it needs."""
+        super().resizeEvent(event)
+        self.resized.emit()
+
+    def content_height(self) -> int:
+        """Pixels the wrapped text needs at the current width, frame included."""
+        doc = self.document()
+        height = doc.documentMargin()  # the first block's rect has the top margin already
+        block = doc.begin()
+        while block.isValid():
+            height += self.blockBoundingRect(block).height()  # lays the block out if needed
+            block = block.next()
+        frame = self.contentsMargins()
+        return math.ceil(height) + frame.top() + frame.bottom()
+
+
+class MessageEditor(QWidget):
+    """The in-place editor of one message: a multi-line text box and a hint line below it.
+
+    Created by `MessageDelegate.createEditor` for the one message being edited. It reports
+    the user's decision (`submitted` with the raw text, or `cancelled`) and the height it
+    would like (`height_wanted`, the text plus a spare line and the hint); it never writes to
+    the model. The font is the view's, inherited through the viewport.
+    """
+
+    submitted = Signal(str)
+    cancelled = Signal()
+    height_wanted = Signal(int)
+
+    HINT: ClassVar[str] = "Enter to submit · Shift+Enter new line · Esc to cancel"
+    SPACING: ClassVar[int] = 4
+
+    def __init__(
+        self, parent: QWidget | None = None, *, reserved_keys: Sequence[QKeySequence] = ()
+    ) -> None:
+        super().__init__(parent)
+        self.setObjectName("chat_message_editor")
+        self._box = _EditBox(self, reserved_keys)
+        self._hint = QLabel(self.HINT, self)
+        self._hint.setObjectName("chat_edit_hint")
+        self._hint.setForegroundRole(QPalette.ColorRole.PlaceholderText)  # dim on any palette
+        layout = QVBoxLayout(self)
+        layout.setSizeConstraint(QLayout.SizeConstraint.SetNoConstraint)
+        layout.setContentsMargins(0, 0, 0, 0)
+        layout.setSpacing(self.SPACING)
+        layout.addWidget(self._box, 1)
+        layout.addWidget(self._hint)
+        self.setFocusProxy(self._box)
+        self._filled = False
+        self._wanted = 0
+        self._box.submit.connect(self._on_submit)
+        self._box.cancel.connect(self.cancelled)
+        self._box.textChanged.connect(self._update_height)
+        self._box.resized.connect(self._update_height)
+
+    @property
+    def text_edit(self) -> QPlainTextEdit:
+        """The text box (to type into, or to inspect)."""
+        return self._box
+
+    @property
+    def filled(self) -> bool:
+        """Whether the editor has been given its text (later row updates leave it alone)."""
+        return self._filled
+
+    def text(self) -> str:
+        """The text as the user has it now, unstripped."""
+        return self._box.toPlainText()
+
+    def set_text(self, text: str) -> None:
+        """Replace the text (a fresh undo history) and put the cursor at its end."""
+        self._box.setPlainText(text)
+        self._box.moveCursor(QTextCursor.MoveOperation.End)
+        self._filled = True
+
+    def wanted_height(self) -> int:
+        """The text's height plus a spare line, then the hint: what the editor would like."""
+        box = self._box.content_height() + self._box.fontMetrics().lineSpacing()
+        return box + self.SPACING + self._hint.sizeHint().height()
+
+    def changeEvent(self, event: QEvent) -> None:
+        """Another font (the view's changed) means other line heights."""
+        super().changeEvent(event)
+        if event.type() == QEvent.Type.FontChange:
+            self._update_height()
+
+    @Slot()
+    def _update_height(self) -> None:
+        wanted = self.wanted_height()
+        if wanted != self._wanted:
+            self._wanted = wanted
+            self.height_wanted.emit(wanted)
+
+    @Slot()
+    def _on_submit(self) -> None:
+        self.submitted.emit(self.text())
+
+
+@dataclass
+class _Editing:
+    """The delegate's note of the message being edited (at most one)."""
+
+    node_id: int
+    index: QPersistentModelIndex
+    height: int  # what the editor wants, before the cap
+
+
 # --- the delegate ------------------------------------------------------------------------
 
 
@@ -338,7 +508,8 @@ def _mix(a: QColor, b: QColor, amount: float) -> QColor:
     )
 
 
-# Translucent grey reads on both light and dark bubbles, so no palette goes into the cache.
+# Translucent grey reads on both light and dark bubbles, so a theme switch need not touch it
+# (the link colour does go into cached documents: see `ChatView.changeEvent`).
 _CODE_BACKGROUND = QColor(128, 128, 128, 48)
 
 
@@ -368,6 +539,27 @@ def _shade_code(doc: QTextDocument) -> None:
                     )
                     cursor.mergeCharFormat(shade)
                 it += 1
+        block = block.next()
+
+
+def _colour_links(doc: QTextDocument, colour: QColor) -> None:
+    """Paint links in `colour`: the Markdown importer bakes in the application palette's
+    link colour of the moment, which is unreadable once the theme turns dark (#0000ff)."""
+    cursor = QTextCursor(doc)
+    link = QTextCharFormat()
+    link.setForeground(colour)
+    block = doc.begin()
+    while block.isValid():
+        it = block.begin()
+        while not it.atEnd():
+            fragment = it.fragment()
+            if fragment.isValid() and fragment.charFormat().isAnchor():
+                cursor.setPosition(fragment.position())
+                cursor.setPosition(
+                    fragment.position() + fragment.length(), QTextCursor.MoveMode.KeepAnchor
+                )
+                cursor.mergeCharFormat(link)
+            it += 1
         block = block.next()
 
 
@@ -403,7 +595,12 @@ class _Geometry:
 
 
 class MessageDelegate(QStyledItemDelegate):
-    """Paints a message as a Markdown bubble with a role header and a version switcher."""
+    """Paints a message as a Markdown bubble with a role header and a version switcher.
+
+    It also makes the in-place `MessageEditor` for the one message being edited: the row of
+    that message grows to the editor's wanted height (capped at `EDITOR_SHARE` of the view),
+    its bubble takes the full width and its text is left to the editor, which sits over it.
+    """
 
     variant_requested = Signal(int, int)  # node id, wanted variant index
 
@@ -415,6 +612,8 @@ class MessageDelegate(QStyledItemDelegate):
     USER_WIDTH: ClassVar[float] = 0.8  # user bubbles are at most this share of the width
     MIN_USER_WIDTH: ClassVar[int] = 260
     ROLE_LABELS: ClassVar[dict[str, str]] = {USER: "You", ASSISTANT: "Assistant"}
+    EDITOR_SHARE: ClassVar[float] = 0.6  # an editor is at most this share of the view's height
+    EDITOR_MIN_CAP: ClassVar[int] = 120  # ...but may always be this tall (a short view)
 
     def __init__(self, parent: QWidget | None = None, *, cache_limit: int = 512) -> None:
         super().__init__(parent)
@@ -426,6 +625,7 @@ class MessageDelegate(QStyledItemDelegate):
         # texts are dropped at once instead of crowding the LRU with dead documents.
         self._latest_doc: dict[tuple[int, int], tuple[int, int, int]] = {}
         self._latest_height: dict[tuple[int, int], tuple[int, int, int]] = {}
+        self._edit: _Editing | None = None
 
     # --- caches ------------------------------------------------------------------------
 
@@ -439,6 +639,15 @@ class MessageDelegate(QStyledItemDelegate):
         self._heights.clear()
         self._latest_doc.clear()
         self._latest_height.clear()
+
+    def clear_documents(self) -> None:
+        """Forget the laid-out documents but keep the heights (after a palette change).
+
+        Documents carry colours (links), heights do not, so a theme switch re-lays out
+        only the messages on screen instead of every row.
+        """
+        self._docs.clear()
+        self._latest_doc.clear()
 
     def document(
         self, row: MessageRow, text_width: int, font: QFont | None = None
@@ -458,6 +667,7 @@ class MessageDelegate(QStyledItemDelegate):
         doc.setDefaultTextOption(option)
         doc.setMarkdown(row.text)
         _shade_code(doc)
+        _colour_links(doc, self._palette().color(QPalette.ColorRole.Link))
         doc.setTextWidth(text_width)
         _remember(self._docs, self._latest_doc, key, doc, self.cache_limit)
         return doc
@@ -491,6 +701,10 @@ class MessageDelegate(QStyledItemDelegate):
     def _font(self) -> QFont:
         parent = self.parent()
         return parent.font() if isinstance(parent, QWidget) else QApplication.font()
+
+    def _palette(self) -> QPalette:
+        parent = self.parent()
+        return parent.palette() if isinstance(parent, QWidget) else QApplication.palette()
 
     def _available(self, width: int) -> int:
         """Widest a bubble can be in an item `width` pixels wide."""
@@ -625,6 +839,8 @@ class MessageDelegate(QStyledItemDelegate):
         if row is None:
             return super().sizeHint(option, index)
         width = self._item_width(option)
+        if self._edit is not None and row.node_id == self._edit.node_id:
+            return QSize(width, self._editing_height(option, self._edit.height))
         key = (row.node_id, hash(row.text), width)
         height = self._heights.get(key)
         if height is None:
@@ -640,9 +856,10 @@ class MessageDelegate(QStyledItemDelegate):
             super().paint(painter, option, index)
             return
         font = QFont(option.font)
+        editing = self._edit is not None and row.node_id == self._edit.node_id
         text_width = self.text_width(row.role, option.rect.width())
-        doc = self.document(row, text_width, font)
-        ideal = math.ceil(doc.idealWidth()) if row.role == USER else None
+        doc = None if editing else self.document(row, text_width, font)
+        ideal = math.ceil(doc.idealWidth()) if doc is not None and row.role == USER else None
         geometry = self._geometry(option.rect, row, font, ideal)
         palette: QPalette = option.palette
         base = palette.color(QPalette.ColorRole.Base)
@@ -695,6 +912,9 @@ class MessageDelegate(QStyledItemDelegate):
             painter.drawText(marker_rect, align, elided)
         if row.variants > 1:
             self._paint_switcher(painter, geometry, row, font, text, dim)
+        if doc is None:  # being edited: the editor shows the text
+            painter.restore()
+            return
 
         # The text, in the bubble's colours.
         painter.translate(geometry.text_origin)
@@ -771,6 +991,88 @@ class MessageDelegate(QStyledItemDelegate):
             self.variant_requested.emit(row.node_id, row.variant + direction)
         return True
 
+    # --- editing in place --------------------------------------------------------------
+
+    @property
+    def editing_node(self) -> int | None:
+        """The node whose editor this delegate made and has not destroyed yet, or None."""
+        return None if self._edit is None else self._edit.node_id
+
+    def _editing_height(self, option: QStyleOptionViewItem, wanted: int) -> int:
+        """The edited row's height: the bubble's frame around the editor's (capped) height."""
+        widget = option.widget
+        view_height = widget.viewport().height() if isinstance(widget, QAbstractItemView) else 0
+        cap = max(self.EDITOR_MIN_CAP, int(view_height * self.EDITOR_SHARE))
+        header_h = self._header_height(QFontMetrics(QFont(option.font)))
+        return 2 * self.MARGIN_V + 2 * self.PADDING + header_h + self.HEADER_GAP + min(wanted, cap)
+
+    def createEditor(
+        self, parent: QWidget, option: QStyleOptionViewItem, index: ModelIndex
+    ) -> QWidget:
+        """A `MessageEditor` that keeps the view's own keys (they act on whole messages)."""
+        row = self._row(index)
+        if row is None:
+            return super().createEditor(parent, option, index)
+        actions = option.widget.actions() if option.widget is not None else []
+        keys = [seq for action in actions for seq in action.shortcuts()]
+        editor = MessageEditor(parent, reserved_keys=keys)
+        self._edit = _Editing(row.node_id, QPersistentModelIndex(index), editor.wanted_height())
+        editor.height_wanted.connect(self._on_editor_height)
+        return editor
+
+    def setEditorData(self, editor: QWidget, index: ModelIndex) -> None:
+        """Prefill a fresh editor with the message's text, and only a fresh one: the view
+        calls this again whenever the row changes (a new version count, a checkpoint), which
+        must not throw away what the user typed."""
+        if not isinstance(editor, MessageEditor):
+            super().setEditorData(editor, index)
+            return
+        row = self._row(index)
+        if row is not None and not editor.filled:
+            editor.set_text(row.text)
+
+    def setModelData(self, editor: QWidget, model: QAbstractItemModel, index: ModelIndex) -> None:
+        """Nothing: the model is read-only; the view reports the edit and its owner applies
+        it to the tree."""
+
+    def updateEditorGeometry(
+        self, editor: QWidget, option: QStyleOptionViewItem, index: ModelIndex
+    ) -> None:
+        """Place the editor over the text area of a full-width bubble (the header stays)."""
+        row = self._row(index)
+        if row is None:
+            super().updateEditorGeometry(editor, option, index)
+            return
+        geometry = self._geometry(option.rect, row, QFont(option.font))
+        bubble = geometry.bubble
+        bottom_right = QPoint(bubble.right() - self.PADDING, bubble.bottom() - self.PADDING)
+        editor.setGeometry(QRect(geometry.text_origin, bottom_right))
+
+    def destroyEditor(self, editor: QWidget, index: ModelIndex) -> None:
+        """Forget the edit and let the row shrink back to its bubble."""
+        if isinstance(editor, MessageEditor):
+            editor.height_wanted.disconnect(self._on_editor_height)
+            self._edit = None
+            if index.isValid():
+                self.sizeHintChanged.emit(QModelIndex(index))
+        super().destroyEditor(editor, index)
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
+        """Leave a `MessageEditor` alone: by default a delegate commits and closes its editor
+        when focus leaves it, which would throw away a long edit on a stray click."""
+        if isinstance(watched, MessageEditor):
+            return False
+        return super().eventFilter(watched, event)
+
+    @Slot(int)
+    def _on_editor_height(self, height: int) -> None:
+        edit = self._edit
+        if edit is None or edit.height == height:
+            return
+        edit.height = height
+        if edit.index.isValid():
+            self.sizeHintChanged.emit(QModelIndex(edit.index))
+
 
 # --- the view ----------------------------------------------------------------------------
 
@@ -785,7 +1087,10 @@ class _ActionSpec:
 
 _ACTIONS: tuple[_ActionSpec, ...] = (
     _ActionSpec(
-        "edit", "&Edit…", "Edit this message (the original is kept as a version)", ("Ctrl+E",)
+        "edit",
+        "&Edit",
+        "Edit this message in place (the original is kept as a version)",
+        ("Ctrl+E", "F2"),
     ),
     _ActionSpec("regenerate", "&Regenerate", "Write a new version of this reply", ("Ctrl+R",)),
     _ActionSpec(
@@ -818,13 +1123,22 @@ class ChatView(QListView):
 
     The view never changes a tree itself: it reports what the user asked for with the node
     id of the current message and the owner applies it and feeds new rows back. Keys (scoped
-    to the view): Ctrl+E edit, Ctrl+R regenerate (assistant replies), Ctrl+Backspace rewind,
-    Ctrl+Shift+F fork, Ctrl+Shift+C copy, Delete delete, Alt+Left / Alt+Right previous /
-    next version. Use it from the GUI thread only.
+    to the view): Ctrl+E or F2 edit, Ctrl+R regenerate (assistant replies), Ctrl+Backspace
+    rewind, Ctrl+Shift+F fork, Ctrl+Shift+C copy, Delete delete, Alt+Left / Alt+Right
+    previous / next version. Use it from the GUI thread only.
+
+    Editing is in place (the edit action, or a double click on a user message): an editor
+    opens over the bubble and stays open, focus or not, until Enter or Esc, or until its
+    message leaves the view. Every `edit_started` is followed by exactly one
+    `edit_submitted` (the new text, stripped, when it is not blank and differs) or
+    `edit_cancelled` (Esc, an unchanged or blank text, another edit started, the message
+    gone from the rows).
     """
 
     variant_requested = Signal(int, int)  # node id, wanted variant index
-    edit_requested = Signal(int)
+    edit_started = Signal(int)  # node id; the owner may warm the engine up meanwhile
+    edit_submitted = Signal(int, str)  # node id, the new text (stripped)
+    edit_cancelled = Signal(int)  # node id
     regenerate_requested = Signal(int)
     rewind_requested = Signal(int)
     fork_requested = Signal(int)
@@ -855,6 +1169,9 @@ class ChatView(QListView):
 
         self._follow_tail = True
         self._at_bottom = True
+        self._editing: int | None = None  # the node whose editor is open
+        self._lost_edit: int | None = None  # closed by a model change, cancelled once it ends
+        self._kept_edit: tuple[str, bool] | None = None  # (text, focused) across a reset
         bar = self.verticalScrollBar()
         bar.valueChanged.connect(self._on_scroll_value)
         bar.rangeChanged.connect(self._on_scroll_range)
@@ -882,7 +1199,9 @@ class ChatView(QListView):
 
         self.selectionModel().currentChanged.connect(self._on_current_changed)
         self._chat_model.modelReset.connect(self.update_actions)
+        self._chat_model.modelAboutToBeReset.connect(self._on_model_about_to_reset)
         self._chat_model.modelReset.connect(self._on_model_reset)
+        self._chat_model.rowsRemoved.connect(self._on_rows_removed)
         self._chat_model.rowsInserted.connect(self.update_actions)
         self._chat_model.rowsRemoved.connect(self.update_actions)
         self._chat_model.dataChanged.connect(self.update_actions)
@@ -988,7 +1307,9 @@ class ChatView(QListView):
 
     @Slot()
     def _on_edit(self) -> None:
-        self._emit_for_current(self.edit_requested, "edit")
+        row = self.current_row()
+        if row is not None:
+            self.start_edit(row.node_id)
 
     @Slot()
     def _on_regenerate(self) -> None:
@@ -1031,6 +1352,112 @@ class ChatView(QListView):
         wanted = row.variant + step
         if 0 <= wanted < row.variants:
             self.variant_requested.emit(row.node_id, wanted)
+
+    # --- editing in place --------------------------------------------------------------
+
+    @property
+    def editing_node(self) -> int | None:
+        """The node whose editor is open, or None."""
+        return self._editing
+
+    def editor(self) -> MessageEditor | None:
+        """The open editor (the only widget among the messages), or None."""
+        index = self._index_of(self._editing)
+        widget = self.indexWidget(index) if index is not None else None
+        return widget if isinstance(widget, MessageEditor) else None
+
+    def start_edit(self, node_id: int) -> bool:
+        """Open the editor on `node_id`, prefilled with its text; another open edit is
+        cancelled first (one at a time). False when the node is not shown."""
+        index = self._index_of(node_id)
+        if index is None:
+            return False
+        if node_id == self._editing:
+            editor = self.editor()
+            if editor is not None:
+                editor.setFocus()
+            return True
+        self.cancel_edit()
+        self.setCurrentIndex(index)
+        self._open_editor(node_id, None, focus=True)
+        self.scrollTo(index)
+        log.debug("editing node %s", node_id)
+        self.edit_started.emit(node_id)
+        return True
+
+    @Slot()
+    def cancel_edit(self) -> None:
+        """Close the open editor, if any, and report the edit cancelled."""
+        node = self._close_editor()
+        if node is not None:
+            log.debug("edit of node %s cancelled", node)
+            self.edit_cancelled.emit(node)
+
+    def _index_of(self, node_id: int | None) -> QModelIndex | None:
+        row = None if node_id is None else self._chat_model.row_of(node_id)
+        return None if row is None else self._chat_model.index(row, 0)
+
+    def _open_editor(self, node_id: int, text: str | None, *, focus: bool) -> None:
+        index = self._index_of(node_id)
+        if index is None:
+            return
+        self._editing = node_id
+        self.openPersistentEditor(index)
+        editor = self.editor()
+        if editor is None:
+            self._editing = None
+            return
+        if text is not None:
+            editor.set_text(text)
+        editor.submitted.connect(self._on_editor_submitted)
+        editor.cancelled.connect(self.cancel_edit)
+        if focus:
+            editor.setFocus()
+
+    def _close_editor(self) -> int | None:
+        """Close the open editor without a signal; returns its node id (None if none)."""
+        node, self._editing = self._editing, None
+        index = self._index_of(node)
+        if index is not None:
+            self.closePersistentEditor(index)
+        return node
+
+    @Slot(str)
+    def _on_editor_submitted(self, text: str) -> None:
+        node = self._editing
+        index = self._index_of(node)
+        if node is None or index is None:
+            return
+        original = self._chat_model.row_at(index.row()).text
+        new = text.strip()
+        if not new or new == original.strip():
+            self.cancel_edit()
+            return
+        self._close_editor()  # first: the owner's new rows should find no editor open
+        log.debug("edit of node %s submitted", node)
+        self.edit_submitted.emit(node, new)
+
+    def rowsAboutToBeRemoved(self, parent: ModelIndex, start: int, end: int) -> None:
+        """The edited message going away closes its editor (reported once the rows are gone;
+        Qt would otherwise drop the editor behind the view's back)."""
+        index = self._index_of(self._editing)
+        if index is not None and not parent.isValid() and start <= index.row() <= end:
+            self._lost_edit = self._close_editor()
+        super().rowsAboutToBeRemoved(parent, start, end)
+
+    @Slot()
+    def _on_rows_removed(self) -> None:
+        node, self._lost_edit = self._lost_edit, None
+        if node is not None:
+            self.edit_cancelled.emit(node)
+
+    @Slot()
+    def _on_model_about_to_reset(self) -> None:
+        # A reset drops every editor: keep the text, to reopen it if the message stays.
+        editor = self.editor()
+        if editor is not None:
+            self._kept_edit = (editor.text(), editor.text_edit.hasFocus())
+        self._lost_edit = self._close_editor()
 
     # --- menus and keys ----------------------------------------------------------------
 
@@ -1079,6 +1506,19 @@ class ChatView(QListView):
                 event.accept()
                 return
         super().keyPressEvent(event)
+
+    def mouseDoubleClickEvent(self, event: QMouseEvent) -> None:
+        """A double click on a user message (not on its version arrows) edits it."""
+        pos = event.position().toPoint()
+        index = self.indexAt(pos)
+        row = MessageDelegate.row_from_index(index)
+        if event.button() == Qt.MouseButton.LeftButton and row is not None and row.role == USER:
+            arrows = self._delegate.switcher_rects(self.visualRect(index), row)
+            if not any(rect.contains(pos) for rect in arrows):
+                self.start_edit(row.node_id)
+                event.accept()
+                return
+        super().mouseDoubleClickEvent(event)
 
     def mouseMoveEvent(self, event: QMouseEvent) -> None:
         """A pointing hand over an enabled switcher arrow."""
@@ -1146,6 +1586,15 @@ class ChatView(QListView):
     def _on_model_reset(self) -> None:
         # Another conversation: open it at its end.
         self._at_bottom = True
+        node, self._lost_edit = self._lost_edit, None
+        kept, self._kept_edit = self._kept_edit, None
+        if node is None:
+            return
+        if self._chat_model.row_of(node) is not None and kept is not None:
+            text, focused = kept
+            self._open_editor(node, text, focus=focused)  # the same message: keep editing
+        else:
+            self.edit_cancelled.emit(node)
 
     @Slot(int)
     def _on_scroll_value(self, _value: int) -> None:
@@ -1159,8 +1608,12 @@ class ChatView(QListView):
     # --- other events ------------------------------------------------------------------
 
     def changeEvent(self, event: QEvent) -> None:
-        """A new font changes every layout."""
+        """A new font changes every layout; a new palette (light/dark switch) changes the
+        colours baked into the cached documents (links)."""
         if event.type() == QEvent.Type.FontChange:
             self._delegate.clear_cache()
             self.scheduleDelayedItemsLayout()
+        elif event.type() == QEvent.Type.PaletteChange:
+            self._delegate.clear_documents()
+            self.viewport().update()
         super().changeEvent(event)

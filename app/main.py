@@ -4,13 +4,16 @@ from __future__ import annotations
 
 import logging
 import sys
+from pathlib import Path
 
 from PySide6.QtWidgets import QApplication, QMessageBox
 
 from app.main_window import MainWindow
+from app.theme import apply_theme
 from engine.errors import ArborError
 from engine.model import list_models
 from engine.paths import data_dirs
+from engine.settings import load_settings
 from engine.store import Store
 
 log = logging.getLogger(__name__)
@@ -21,20 +24,33 @@ def main() -> int:
     app = QApplication(sys.argv)
     app.setApplicationName("Arbor")
     app.setOrganizationName("Arbor")
+    loaded = load_settings()
+    apply_theme(app, loaded.settings.theme)
     try:
         store = Store()
     except ArborError as exc:
         # The database is kept as it is; nothing is written over it.
         QMessageBox.critical(None, "Arbor", f"Your conversations could not be opened.\n\n{exc}")
         return 1
-    window = MainWindow(store=store)
+    window = MainWindow(store=store, settings=loaded.settings)
     window.show()
-    models = list_models(data_dirs())
-    if models:
-        window.load_model(str(models[0]))
+    if loaded.problem:
+        QMessageBox.warning(window, "Arbor", f"Your settings were not used.\n\n{loaded.problem}")
+    model = startup_model(loaded.settings.model)
+    if model is not None:
+        window.load_model(str(model))
     else:
         QMessageBox.warning(window, "Arbor", "No model found: open a GGUF file (Ctrl+O).")
     return app.exec()
+
+
+def startup_model(last: str | None) -> Path | None:
+    """The model loaded last time if it is still there, else the bundled default or the
+    first one in the models folder."""
+    if last and Path(last).is_file():
+        return Path(last)
+    models = list_models(data_dirs())
+    return models[0] if models else None
 
 
 if __name__ == "__main__":

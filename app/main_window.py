@@ -12,12 +12,13 @@ import itertools
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
-from PySide6.QtCore import QByteArray, QMetaObject, QSettings, Qt, QThread, Signal, Slot
+from PySide6.QtCore import QByteArray, QMetaObject, QSettings, Qt, QThread, QTimer, Signal, Slot
 from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
 from PySide6.QtWidgets import (
+    QApplication,
     QDockWidget,
     QFileDialog,
     QHBoxLayout,
@@ -34,29 +35,40 @@ from PySide6.QtWidgets import (
 
 from app.chat_view import ChatView, rows_from_tree
 from app.composer import Composer
+from app.icons import icon
+from app.importer import Importer, ParsedFile, RejectedFile
 from app.messages import (
     Failed,
     GenerateRequest,
+    LoadProgress,
     LoadRequest,
     ModelLoaded,
     NodeView,
     Piece,
+    Plan,
     Progress,
     ReplyDone,
     StoreUsage,
+    Warmed,
+    WarmRequest,
 )
+from app.model_picker import ModelPicker
+from app.settings_dialog import SettingsDialog
 from app.sidebar import Sidebar
+from app.theme import apply_theme, theme_events
 from app.tree_panel import TreePanel, panel_nodes_from_tree
 from app.worker import EngineWorker
 from engine.errors import ArborError
 from engine.paths import data_dirs
+from engine.settings import Effect, Settings, SettingsError, effect_of, load_settings, save_settings
 from engine.store import Store, StoreSink
-from engine.transfer import FileFormat, export_file, import_file
+from engine.transfer import FileFormat, commit_import, export_file
 from engine.tree import Node, NodeStatus, Role, Tree, TreeError
 
 log = logging.getLogger(__name__)
 
-MAX_TOKENS = 512
+# Quiet time after the user's last move before the engine warms the likely next prompt.
+WARM_DELAY_MS = 250
 
 
 def global_id(conversation_id: int, node_id: int) -> int:
@@ -80,14 +92,25 @@ class MainWindow(QMainWindow):
     request_load = Signal(object)
     request_generate = Signal(object)
     request_forget = Signal(object)
+    request_configure = Signal(object)
+    request_warm = Signal(object)
     # Emitted on the GUI thread once a worker result is applied (tests and other widgets
     # wait on these, never on the worker's own signals, which fire on the engine thread).
     reply_finished = Signal()
     model_ready = Signal()
     model_failed = Signal()
     text_shown = Signal()
+    warmed = Signal(object)  # Warmed, once applied
+    settings_applied = Signal()
+    import_finished = Signal(object)  # list[int]: the new conversations, [] on failure
 
-    def __init__(self, *, store: Store | None = None, model_path: str | None = None) -> None:
+    def __init__(
+        self,
+        *,
+        store: Store | None = None,
+        model_path: str | None = None,
+        settings: Settings | None = None,
+    ) -> None:
         super().__init__()
         self.setWindowTitle("Arbor")
         self.resize(1200, 800)
@@ -103,6 +126,16 @@ class MainWindow(QMainWindow):
         self._usage: StoreUsage | None = None
         self._prepare_started = 0.0
         self._sink: StoreSink | None = None
+        self._plan: Plan | None = None
+        self.last_reply: ReplyDone | None = None
+        self._warmed_path: tuple[int, ...] | None = None  # what the last warm-up prepared
+        self._editing: int | None = None  # the message being edited in place, if any
+        self._pending_edit: tuple[int, int, str] | None = None  # submitted during a reply
+        # The program passes the settings it loaded (and reported a bad file for).
+        self.settings = settings if settings is not None else load_settings().settings
+        self._warm_timer = QTimer(self, singleShot=True, interval=WARM_DELAY_MS)
+        self._warm_timer.timeout.connect(self._warm_now)
+        self.importer = self._make_importer()
 
         self.sidebar = Sidebar()
         self.chat = ChatView()
@@ -123,6 +156,11 @@ class MainWindow(QMainWindow):
         self.request_load.connect(self.worker.load)
         self.request_generate.connect(self.worker.generate)
         self.request_forget.connect(self.worker.forget)
+        self.request_configure.connect(self.worker.configure)
+        self.request_warm.connect(self.worker.warm)
+        self.worker.load_progress.connect(self._on_load_progress)
+        self.worker.planned.connect(self._on_plan)
+        self.worker.warmed.connect(self._on_warmed)
         self.worker.loaded.connect(self._on_loaded)
         self.worker.load_failed.connect(self._on_load_failed)
         self.worker.progress.connect(self._on_progress)
@@ -173,15 +211,22 @@ class MainWindow(QMainWindow):
         file_menu = self.menuBar().addMenu("&File")
         self.action_new = self._action("New conversation", "Ctrl+N", self.new_conversation)
         file_menu.addAction(self.action_new)
+        self.action_models = self._action("Models…", "Ctrl+M", self.pick_model)
+        file_menu.addAction(self.action_models)
         file_menu.addAction(self._action("Open GGUF model…", "Ctrl+O", self._open_model))
         file_menu.addSeparator()
-        file_menu.addAction(self._action("Import…", "Ctrl+I", self._import))
-        file_menu.addAction(self._action("Export as session file…", "Ctrl+Shift+E",
-                                         lambda: self._export(FileFormat.NATIVE)))
+        self.action_import = self._action("Import…", "Ctrl+I", self._import)
+        file_menu.addAction(self.action_import)
+        self.action_export = self._action("Export as session file…", "Ctrl+Shift+E",
+                                          lambda: self._export(FileFormat.NATIVE))
+        file_menu.addAction(self.action_export)
         file_menu.addAction(self._action("Export as ChatGPT JSON…", None,
                                          lambda: self._export(FileFormat.CHATGPT)))
         file_menu.addAction(self._action("Export branch as Markdown…", None,
                                          lambda: self._export(FileFormat.MARKDOWN)))
+        file_menu.addSeparator()
+        self.action_settings = self._action("Settings…", "Ctrl+,", self.edit_settings)
+        file_menu.addAction(self.action_settings)
         file_menu.addSeparator()
         file_menu.addAction(self._action("Quit", "Ctrl+Q", self.close))
         edit_menu = self.menuBar().addMenu("&Edit")
@@ -190,21 +235,80 @@ class MainWindow(QMainWindow):
         self.action_continue = self._action("Continue the reply", "Ctrl+Shift+Return",
                                             self.continue_last)
         edit_menu.addAction(self.action_continue)
+        self.action_regenerate_last = self._action("Regenerate the last reply", "Ctrl+Shift+R",
+                                                   self.regenerate_last)
+        edit_menu.addAction(self.action_regenerate_last)
+        self.action_system = self._action("System prompt…", "Ctrl+Shift+P",
+                                          self._system_prompt_dialog)
+        edit_menu.addAction(self.action_system)
+        edit_menu.addSeparator()
+        edit_menu.addAction(self._action("Rename conversation…", "Ctrl+Shift+N",
+                                         lambda: self._rename_current()))
+        edit_menu.addAction(self._action("Delete conversation", "Ctrl+Shift+Delete",
+                                         lambda: self._delete_current()))
+        message_menu = self.menuBar().addMenu("&Message")
+        for action in self.chat.actions():
+            message_menu.addAction(action)  # shortcuts stay scoped to the chat view
         view_menu = self.menuBar().addMenu("&View")
         toggle = self.tree_dock.toggleViewAction()
         toggle.setShortcut(QKeySequence("Ctrl+T"))
         view_menu.addAction(toggle)
+        view_menu.addSeparator()
+        self.action_search = self._action("Search conversations", "Ctrl+F", self._focus_search)
+        view_menu.addAction(self.action_search)
+        view_menu.addAction(self._action("Write a message", "Ctrl+L", self._focus_composer))
+        view_menu.addAction(self._action("Go to the messages", "Ctrl+J",
+                                         lambda: self.chat.setFocus()))
+        view_menu.addAction(self._action("Next conversation", "Ctrl+PgDown",
+                                         lambda: self._step_conversation(1)))
+        view_menu.addAction(self._action("Previous conversation", "Ctrl+PgUp",
+                                         lambda: self._step_conversation(-1)))
+        help_menu = self.menuBar().addMenu("&Help")
+        help_menu.addAction(self._action("Keyboard shortcuts", "F1", self._show_shortcuts))
         toolbar = self.addToolBar("Main")
         toolbar.setObjectName("main-toolbar")
-        toolbar.addAction(self.action_new)
-        toolbar.addAction(toggle)
+        self.action_tree = toggle
         self.action_stop = self._action("Stop", "Esc", self.stop)
-        toolbar.addAction(self.action_stop)
+        edit_menu.insertAction(self.action_continue, self.action_stop)
+        for action in (self.action_new, self.action_models, self.action_tree, None,
+                       self.action_undo, self.action_stop, None, self.action_settings):
+            if action is None:
+                toolbar.addSeparator()
+            else:
+                toolbar.addAction(action)
+        self._apply_icons()
+        theme_events.changed.connect(self._apply_icons)
+
+    @Slot()
+    def _apply_icons(self) -> None:
+        """Icons are drawn in the palette's text colour: fetched again on a theme change."""
+        chat = self.chat
+        pairs: list[tuple[QAction, str]] = [
+            (self.action_new, "new_conversation"), (self.action_models, "model"),
+            (self.action_tree, "tree_panel"), (self.action_undo, "undo"),
+            (self.action_stop, "stop"), (self.action_settings, "settings"),
+            (self.action_import, "import"), (self.action_export, "export"),
+            (self.action_continue, "continue"), (self.action_regenerate_last, "regenerate"),
+            (self.action_search, "search"), (chat.edit_action, "edit"),
+            (chat.regenerate_action, "regenerate"), (chat.rewind_action, "rewind"),
+            (chat.fork_action, "fork"), (chat.copy_action, "copy"),
+            (chat.delete_action, "delete"), (chat.previous_variant_action, "previous"),
+            (chat.next_variant_action, "next"),
+        ]
+        for action, name in pairs:
+            action.setIcon(icon(name))
+        self._update_send_button()
+
+    def _update_send_button(self) -> None:
+        streaming = self._streaming is not None
+        self.send_button.setText("Stop" if streaming else "Send")
+        self.send_button.setIcon(icon("stop" if streaming else "send"))
 
     def _action(self, text: str, shortcut: str | None, slot: Callable[[], object]) -> QAction:
         action = QAction(text, self)
         if shortcut:
             action.setShortcut(QKeySequence(shortcut))
+            action.setToolTip(f"{text.rstrip('…')} ({QKeySequence(shortcut).toString()})")
         action.triggered.connect(slot)
         return action
 
@@ -218,7 +322,9 @@ class MainWindow(QMainWindow):
         self.composer.stop_requested.connect(self.stop)
         self.send_button.clicked.connect(self._on_send_clicked)
         self.chat.variant_requested.connect(self.switch_variant)
-        self.chat.edit_requested.connect(self._edit_dialog)
+        self.chat.edit_submitted.connect(self.edit)
+        self.chat.edit_started.connect(self._on_edit_started)
+        self.chat.edit_cancelled.connect(self._on_edit_cancelled)
         self.chat.regenerate_requested.connect(self.regenerate)
         self.chat.rewind_requested.connect(self.rewind)
         self.chat.fork_requested.connect(self.fork)
@@ -229,18 +335,35 @@ class MainWindow(QMainWindow):
 
     def load_model(self, path: str) -> None:
         self.status_model.setText(f"Loading {Path(path).name}…")
-        self.request_load.emit(LoadRequest(path=path))
+        self._show_busy(f"Loading {Path(path).name}…")
+        self.worker.preempt()
+        self.request_load.emit(LoadRequest(path=path, settings=self.settings))
+
+    @Slot(object)
+    def _on_load_progress(self, progress: LoadProgress) -> None:
+        if self._streaming is not None:
+            return
+        self.progress.setVisible(True)
+        self.progress.setMaximum(1000)
+        self.progress.setValue(int(progress.fraction * 1000))
+        self.progress.setFormat(f"{progress.fraction * 100:.0f}%")
 
     @Slot(object)
     def _on_loaded(self, info: ModelLoaded) -> None:
         self._model = info
+        self._warmed_path = None  # a new context holds nothing
+        self._hide_busy()
         self._update_status()
         for notice in info.notices:
             self.statusBar().showMessage(notice, 10_000)
+        if self.settings.model != info.path:
+            self._apply_settings(replace(self.settings, model=info.path), send=False)
         self.model_ready.emit()
+        self._schedule_warm()
 
     @Slot(str)
     def _on_load_failed(self, message: str) -> None:
+        self._hide_busy()
         self._update_status()
         QMessageBox.warning(self, "Arbor", f"The model could not be loaded.\n\n{message}")
         self.model_failed.emit()
@@ -251,6 +374,75 @@ class MainWindow(QMainWindow):
                                               "GGUF models (*.gguf)")
         if path:
             self.load_model(path)
+
+    @Slot()
+    def pick_model(self) -> None:
+        picker = ModelPicker(self._model.path if self._model else None, self)
+        if picker.exec() == ModelPicker.DialogCode.Accepted:
+            chosen = picker.chosen()
+            if chosen is not None:
+                self.load_model(str(chosen))
+        picker.deleteLater()
+
+    @Slot()
+    def edit_settings(self) -> None:
+        dialog = SettingsDialog(self.settings, self)
+        if dialog.exec() == SettingsDialog.DialogCode.Accepted:
+            try:
+                chosen = dialog.chosen()
+            except SettingsError as exc:  # the OK button is disabled for these; belt and braces
+                QMessageBox.warning(self, "Arbor", str(exc))
+            else:
+                self.apply_settings(chosen)
+        dialog.deleteLater()
+
+    def apply_settings(self, settings: Settings) -> Effect:
+        """Save and apply. A change that needs a new context reloads the model (replies wait
+        for it), and one that leaves the saved checkpoints unusable says so."""
+        effect = effect_of(self.settings, settings)
+        if effect is Effect.NONE:
+            return effect
+        theme_changed = settings.theme != self.settings.theme
+        if not self._apply_settings(settings, send=True):
+            return Effect.NONE
+        app = QApplication.instance()
+        if theme_changed and isinstance(app, QApplication):
+            apply_theme(app, settings.theme)
+        if effect is Effect.INVALIDATE:
+            self.statusBar().showMessage(
+                "New context settings: the saved checkpoints do not fit them, so the next "
+                "reply in each conversation reads it from the start.", 12_000)
+        elif effect is Effect.RELOAD:
+            self.statusBar().showMessage("Loading the model again with the new settings…", 8000)
+        if effect in (Effect.RELOAD, Effect.INVALIDATE) and self._model is not None:
+            self._model = None  # replies wait for the reload
+            self._show_busy("Loading the model again…")
+        self.settings_applied.emit()
+        return effect
+
+    def _apply_settings(self, settings: Settings, *, send: bool) -> bool:
+        try:
+            save_settings(settings)
+        except SettingsError as exc:
+            QMessageBox.warning(self, "Arbor", str(exc))
+            return False
+        self.settings = settings
+        if send:
+            self.worker.preempt()
+            self.request_configure.emit(settings)
+        return True
+
+    def _show_busy(self, text: str) -> None:
+        if self._streaming is not None:
+            return
+        self.progress_label.setText(text)
+        self.progress.setVisible(True)
+        self.progress.setMaximum(0)  # busy until the loader reports progress
+
+    def _hide_busy(self) -> None:
+        if self._streaming is None:
+            self.progress.setVisible(False)
+            self.progress_label.clear()
 
     @Slot(object)
     def _on_usage(self, usage: StoreUsage) -> None:
@@ -320,6 +512,53 @@ class MainWindow(QMainWindow):
             self._guard(lambda: self.store.rename(conversation_id, title.strip()))
             self._refresh_sidebar()
 
+    def _rename_current(self) -> None:
+        if self.current is not None:
+            self._rename(self.current)
+
+    def _delete_current(self) -> None:
+        if self.current is not None:
+            self.delete_conversation(self.current)
+
+    def _focus_search(self) -> None:
+        self.sidebar.search.setFocus()
+        self.sidebar.search.selectAll()
+
+    def _focus_composer(self) -> None:
+        self.composer.setFocus()
+
+    def _step_conversation(self, step: int) -> None:
+        """The next or previous conversation in the sidebar's order (newest first)."""
+        ids = [c.id for c in self.store.list()]
+        if not ids:
+            return
+        index = ids.index(self.current) if self.current in ids else 0
+        self.open_conversation(ids[(index + step) % len(ids)])
+
+    def shortcut_table(self) -> list[tuple[str, str]]:
+        """(action, keys) for every action with a shortcut, in menu order."""
+        rows: list[tuple[str, str]] = []
+        for menu_action in self.menuBar().actions():
+            menu = menu_action.menu()
+            if menu is None:
+                continue
+            for action in menu.actions():
+                keys = ", ".join(k.toString(QKeySequence.SequenceFormat.NativeText)
+                                 for k in action.shortcuts())
+                if keys:
+                    rows.append((action.text().replace("&", "").rstrip("…"), keys))
+        rows.append(("Send the message (in the composer)", "Enter"))
+        rows.append(("New line (in the composer)", "Shift+Enter"))
+        return rows
+
+    def _show_shortcuts(self) -> None:
+        rows = "".join(f"<tr><td>{name}</td><td><b>{keys}</b></td></tr>"
+                       for name, keys in self.shortcut_table())
+        box = QMessageBox(QMessageBox.Icon.NoIcon, "Keyboard shortcuts",
+                          f"<table cellspacing='6'>{rows}</table>", parent=self)
+        box.exec()
+        box.deleteLater()
+
     @Slot(int)
     def delete_conversation(self, conversation_id: int) -> None:
         if self._guard(lambda: self.store.delete(conversation_id)) is False:
@@ -358,16 +597,15 @@ class MainWindow(QMainWindow):
             self.composer.clear()
             self._start_reply(message)
 
-    @Slot(int)
-    def _edit_dialog(self, node_id: int) -> None:
-        node = self.tree.node(node_id)
-        text, ok = QInputDialog.getMultiLineText(self, "Edit message", "A new version:",
-                                                 node.text)
-        if ok and text.strip() and text != node.text:
-            self.edit(node_id, text.strip())
-
     def edit(self, node_id: int, text: str) -> None:
-        """A new version beside the old one; a user message gets a new reply."""
+        """A new version beside the old one; a user message gets a new reply. Submitted while
+        a reply streams, the edit waits for the reply to stop (it is stopped), never lost."""
+        self._editing = None
+        if self._streaming is not None and self.current is not None:
+            self._pending_edit = (self.current, node_id, text)
+            self.stop()
+            self.statusBar().showMessage("Stopping the reply to answer your edit…", 4000)
+            return
         if self._busy():
             return
         new = self.tree.add_sibling(node_id, text)
@@ -386,13 +624,49 @@ class MainWindow(QMainWindow):
         self.tree.set_active(parent)
         self._start_reply(self.tree.node(parent))
 
+    def _last_reply(self) -> Node | None:
+        """The active branch's last message if it is a reply."""
+        if self.current is None:
+            return None
+        last = self.tree.node(self.tree.active_leaf)
+        return last if last.role is Role.ASSISTANT else None
+
+    @Slot()
+    def regenerate_last(self) -> None:
+        """A new version of the active branch's last reply."""
+        if (last := self._last_reply()) is not None:
+            self.regenerate(last.id)
+
+    @Slot()
+    def _system_prompt_dialog(self) -> None:
+        if self.current is None:
+            return
+        root = self.tree.node(self.tree.root.id)
+        text, ok = QInputDialog.getMultiLineText(
+            self, "System prompt", "Instructions for the model in this conversation "
+            "(empty: the model's own default):", root.text)
+        if ok:
+            self.set_system_prompt(text.strip())
+
+    def set_system_prompt(self, text: str) -> None:
+        """The conversation's system prompt. Later messages keep their text; the next reply
+        is prepared with the new instructions (checkpoints of the old prefix no longer match,
+        by construction: they are keyed by the tokens they hold)."""
+        if self._streaming is not None and self._streaming.conversation_id == self.current:
+            self._busy()
+            return
+        root = self.tree.node(self.tree.root.id)
+        if root.text == text:
+            return
+        root.text = text
+        root.tokens = None
+        self._save([root])
+        self._refresh_views()
+
     @Slot()
     def continue_last(self) -> None:
         """Continue the active branch's last reply (an interrupted one, typically)."""
-        if self.current is None:
-            return
-        last = self.tree.node(self.tree.active_leaf)
-        if last.role is Role.ASSISTANT:
+        if (last := self._last_reply()) is not None:
             self.continue_reply(last.id)
 
     @Slot(int)
@@ -506,6 +780,11 @@ class MainWindow(QMainWindow):
         path = tree.path_to(parent.id)
         self._streaming = _Streaming(request_id, cid, reply.id, time.monotonic())
         self._sink = StoreSink(self.store, cid)
+        self._plan = None
+        self._warm_timer.stop()
+        self._warmed_path = None
+        self.worker.preempt()  # a warm-up in flight stops within a chunk
+        seed = self.settings.seed
         self.request_generate.emit(
             GenerateRequest(
                 request_id=request_id,
@@ -513,12 +792,12 @@ class MainWindow(QMainWindow):
                 reply_id=reply.id,
                 path=tuple(_global_view(cid, n) for n in path),
                 resume=_global_view(cid, resume) if resume is not None else None,
-                max_tokens=MAX_TOKENS,
-                seed=int(time.time_ns() & 0x7FFFFFFF),
+                max_tokens=self.settings.max_tokens,
+                seed=seed if seed is not None else int(time.time_ns() & 0x7FFFFFFF),
             )
         )
         self._prepare_started = time.monotonic()
-        self.send_button.setText("Stop")
+        self._update_send_button()
         self.sidebar.set_generating(cid)
         self._refresh_views()
 
@@ -539,7 +818,7 @@ class MainWindow(QMainWindow):
         self.progress.setMaximum(total)
         self.progress.setValue(progress.done)
         self.progress.setFormat(f"{percent}% · about {eta:.0f} s left")
-        self.progress_label.setText(f"Reading the conversation: decoding {progress.total} tokens")
+        self.progress_label.setText(self._plan_text(progress.total))
 
     @Slot(object)
     def _on_piece(self, piece: Piece) -> None:
@@ -566,6 +845,7 @@ class MainWindow(QMainWindow):
         streaming = self._streaming
         if streaming is None or done.request_id != streaming.request_id:
             return
+        self.last_reply = done  # the figures of the last step (the status bar shows them)
         tree = self.trees.get(done.conversation_id)
         if tree is not None:
             changed: list[Node] = []
@@ -613,14 +893,87 @@ class MainWindow(QMainWindow):
         else:
             self.statusBar().showMessage("Stopped.", 4000)
 
+    @Slot(object)
+    def _on_plan(self, plan: Plan) -> None:
+        if self._streaming is not None and plan.request_id == self._streaming.request_id:
+            self._plan = plan
+
+    def _plan_text(self, total: int) -> str:
+        plan = self._plan
+        if plan is None or plan.source == "none":
+            return f"Reading the conversation from the start: {total:,} tokens"
+        where = ("restored checkpoint" if plan.source == "checkpoint"
+                 else "kept the cache")
+        return (f"{where} at {plan.reused_tokens:,} of {plan.prompt_tokens:,} tokens, "
+                f"decoding {plan.prompt_tokens - plan.reused_tokens:,}")
+
+    # --- warming: the likely next prompt, prepared while the user reads -----------------------
+
+    def _schedule_warm(self) -> None:
+        if self._model is not None and self._streaming is None:
+            self._warm_timer.start()
+
+    @Slot(int)
+    def _on_edit_started(self, node_id: int) -> None:
+        self._editing = node_id
+        self._schedule_warm()
+
+    @Slot(int)
+    def _on_edit_cancelled(self, _node_id: int) -> None:
+        self._editing = None
+
+    def warm_path(self) -> list[Node]:
+        """What the next prompt will most likely start with: the parent of the message being
+        edited, or the active branch (a reply, re-decoded in one batch; see Runtime)."""
+        if self.current is None:
+            return []
+        tree = self.tree
+        if self._editing is not None and self._editing in tree:
+            parent = tree.node(self._editing).parent
+            return tree.path_to(parent) if parent is not None else []
+        path = tree.path_to(tree.active_leaf)
+        if any(node.status is not NodeStatus.COMPLETE for node in path):
+            return []  # an interrupted reply is continued from its own open tokens
+        return path
+
+    @Slot()
+    def _warm_now(self) -> None:
+        if self._model is None or self._streaming is not None or self.current is None:
+            return
+        path = self.warm_path()
+        cid = self.current
+        key = tuple(global_id(cid, node.id) for node in path)
+        if not path or key == self._warmed_path:
+            return
+        self._warmed_path = key
+        self.request_warm.emit(WarmRequest(self.worker.epoch, cid,
+                                           tuple(_global_view(cid, n) for n in path)))
+
+    @Slot(object)
+    def _on_warmed(self, warmed: Warmed) -> None:
+        if warmed.decoded_tokens:
+            self.statusBar().showMessage(
+                f"Ready: prepared {warmed.prompt_tokens:,} tokens in the background "
+                f"({warmed.decoded_tokens:,} decoded in {warmed.prefill_ms / 1000:.2f} s).",
+                4000)
+        self.warmed.emit(warmed)
+
     def _end_reply(self) -> None:
         self._streaming = None
-        self.send_button.setText("Send")
+        self._update_send_button()
         self.progress.setVisible(False)
         self.progress_label.clear()
         self.sidebar.set_generating(None)
         self._refresh_views()
         self.reply_finished.emit()
+        pending, self._pending_edit = self._pending_edit, None
+        if pending is not None:
+            cid, node_id, text = pending
+            if cid in self.trees and node_id in self.trees[cid]:
+                self.open_conversation(cid)
+                self.edit(node_id, text)
+                return
+        self._schedule_warm()
 
     # --- helpers -------------------------------------------------------------------------------
 
@@ -648,7 +1001,8 @@ class MainWindow(QMainWindow):
         self.chat.model().set_rows(rows_from_tree(tree, marks))
         self.tree_panel.set_tree(panel_nodes_from_tree(tree, marks),
                                  [n.id for n in tree.active_path()])
-        self.send_button.setText("Stop" if self._streaming is not None else "Send")
+        self._update_send_button()
+        self._schedule_warm()
 
     # --- import / export -------------------------------------------------------------------
 
@@ -660,17 +1014,51 @@ class MainWindow(QMainWindow):
         if path:
             self.import_path(Path(path))
 
-    def import_path(self, path: Path) -> list[int]:
+    def _make_importer(self) -> Importer:
+        """The file is parsed on the importer's thread; only the commit runs here, on the
+        GUI thread, which owns the store."""
+        importer = Importer(self)
+        importer.parsed.connect(self._on_import_parsed)
+        importer.rejected.connect(self._on_import_rejected)
+        return importer
+
+    def import_path(self, path: Path) -> bool:
+        """Start importing `path` and return at once; `import_finished` follows. False when
+        another import is still being read (one at a time: the user is told, nothing queues)."""
+        current = self.importer.current_path
+        if current is not None:
+            self.statusBar().showMessage(
+                f"Still reading {current.name}; import {path.name} once it is done.", 6000)
+            return False
+        if not self.importer.start(path):
+            return False
+        self.statusBar().showMessage(f"Reading {path.name}…")
+        return True
+
+    @Slot(object)
+    def _on_import_parsed(self, parsed: ParsedFile) -> None:
+        # The write is one SQLite transaction on this thread, which owns the store: about a
+        # second per 500 conversations (full-text index included). Say so before it starts.
+        count = len(parsed.contents.conversations)
+        self.statusBar().showMessage(f"Saving {count:,} conversations…")
+        self.statusBar().repaint()
         try:
-            result = import_file(path, self.store)
+            result = commit_import(parsed.contents, self.store)
         except ArborError as exc:
-            QMessageBox.warning(self, "Arbor", f"{path.name} was not imported.\n\n{exc}")
-            return []
+            self._on_import_rejected(RejectedFile(parsed.path, str(exc)))
+            return
         self._refresh_sidebar()
         if result.conversation_ids:
             self.open_conversation(result.conversation_ids[0])
         self.statusBar().showMessage(f"Imported {len(result.conversation_ids)} conversations.")
-        return result.conversation_ids
+        self.import_finished.emit(result.conversation_ids)
+
+    @Slot(object)
+    def _on_import_rejected(self, rejected: RejectedFile) -> None:
+        self.statusBar().clearMessage()
+        QMessageBox.warning(self, "Arbor",
+                            f"{rejected.path.name} was not imported.\n\n{rejected.message}")
+        self.import_finished.emit([])
 
     def _export(self, fmt: FileFormat) -> None:
         if self.current is None:
@@ -706,6 +1094,8 @@ class MainWindow(QMainWindow):
         settings.setValue("state", self.saveState())
         settings.setValue("splitter", self.splitter.saveState())
         self.worker.request_stop()
+        self.worker.preempt()  # and any warm-up
+        self._warm_timer.stop()
         streaming = self._streaming
         if streaming is not None:
             tree = self.trees.get(streaming.conversation_id)
@@ -720,6 +1110,7 @@ class MainWindow(QMainWindow):
                                  Qt.ConnectionType.BlockingQueuedConnection)
         self._thread.quit()
         self._thread.wait()
+        self.importer.shutdown()  # before the store closes: an abandoned parse commits nothing
         self.store.close()
         super().closeEvent(event)
 

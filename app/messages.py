@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from engine.settings import Settings
 from engine.tree import Node, Role
 
 
@@ -33,8 +34,45 @@ class NodeView:
 @dataclass(frozen=True)
 class LoadRequest:
     path: str
-    n_ctx: int = 4096
-    n_gpu_layers: int = 0
+    settings: Settings = field(default_factory=Settings)
+
+
+@dataclass(frozen=True)
+class LoadProgress:
+    path: str
+    fraction: float  # 0..1, from llama.cpp's loader
+
+
+@dataclass(frozen=True)
+class WarmRequest:
+    """Prepare `path` (ending with a complete message) while nothing else runs.
+
+    `epoch` is the worker's real-request count when this was sent: any real request sent
+    since makes it stale, and a stale warm-up stops at once (within a chunk)."""
+
+    epoch: int
+    conversation_id: int
+    path: tuple[NodeView, ...]
+
+
+@dataclass(frozen=True)
+class Warmed:
+    conversation_id: int
+    last_node: int  # global id of the path's last node
+    prompt_tokens: int
+    decoded_tokens: int  # 0: the context held it already
+    prefill_ms: float
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a prepare will reuse, sent before it decodes anything."""
+
+    request_id: int
+    prompt_tokens: int
+    reused_tokens: int
+    source: str  # "live" | "checkpoint" | "none"
+    checkpoint_pos: int | None
 
 
 @dataclass(frozen=True)

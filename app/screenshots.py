@@ -1,4 +1,5 @@
-"""Render the main window with a sample branching conversation into PNGs for the README.
+"""Render the main window with a sample branching conversation into PNGs for the README,
+in the light and the dark theme.
 
     QT_QPA_PLATFORM=offscreen .venv/bin/python -m app.screenshots resources/screenshots
 """
@@ -31,11 +32,14 @@ def main(argv: list[str]) -> int:
     from PySide6.QtWidgets import QApplication
 
     from app.main_window import MainWindow
+    from app.theme import apply_theme
     from engine.model import default_model_path
+    from engine.settings import Theme
     from engine.store import Store
     from engine.tree import Role, Tree
 
     app = QApplication(sys.argv[:1])
+    apply_theme(app, Theme.LIGHT)
     tree = Tree("You are a concise botanist.")
     for role, text in SAMPLE:
         tree.add_child(tree.active_leaf, Role(role), text)
@@ -55,8 +59,11 @@ def main(argv: list[str]) -> int:
     loop.exec()
     app.processEvents()
     window.grab().save(str(out / "main-window.png"))
+    apply_theme(app, Theme.DARK)
+    app.processEvents()
+    window.grab().save(str(out / "main-window-dark.png"))
     window.close()
-    print(out / "main-window.png")
+    print(out / "main-window.png", out / "main-window-dark.png")
     return 0
 
 

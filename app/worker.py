@@ -2,6 +2,10 @@
 llama.cpp. Requests and results are immutable values (app.messages); the GUI thread owns the
 tree and the store and never waits on the worker. Stop sets a thread-safe flag that the engine
 checks between chunks, inside a chunk (llama.cpp's abort callback) and between tokens.
+
+Warm-ups (preparing the likely next prompt while the user reads) run only when nothing else
+is queued in practice: before the GUI thread sends a real request it bumps `epoch`, and a
+warm-up whose epoch is stale stops within a chunk, so the real request waits at most that.
 """
 
 from __future__ import annotations
@@ -15,19 +19,23 @@ from PySide6.QtCore import QObject, Signal, Slot
 from app.messages import (
     Failed,
     GenerateRequest,
+    LoadProgress,
     LoadRequest,
     ModelLoaded,
     Piece,
+    Plan,
     Progress,
     ReplyDone,
     StoreUsage,
+    Warmed,
+    WarmRequest,
 )
 from engine.checkpoints import CheckpointStore
 from engine.errors import ArborError, Cancelled
 from engine.generator import Generator
-from engine.llama import SamplingParams
 from engine.paths import data_dirs
-from engine.runtime import Runtime, RuntimeSettings
+from engine.runtime import Runtime, Source
+from engine.settings import Effect, Settings, effect_of
 
 log = logging.getLogger(__name__)
 
@@ -42,35 +50,61 @@ class EngineWorker(QObject):
     aborted = Signal(object)  # Failed (cancelled)
     errored = Signal(object)  # Failed
     load_failed = Signal(str)
+    load_progress = Signal(object)  # LoadProgress
     usage = Signal(object)  # StoreUsage
+    planned = Signal(object)  # Plan
+    warmed = Signal(object)  # Warmed
 
-    def __init__(self, sampling: SamplingParams | None = None) -> None:
+    def __init__(self) -> None:
         super().__init__()
         self._generator: Generator | None = None
         self._stop = threading.Event()
-        self._sampling = sampling or SamplingParams()
+        self._settings = Settings()
+        self._path: str | None = None
+        # Real requests sent so far; written by the GUI thread (an int store is atomic).
+        self.epoch = 0
         self.engine_thread_ident: int | None = None
 
     def request_stop(self) -> None:
         """Thread-safe: called from the GUI thread while the worker is busy."""
         self._stop.set()
 
+    def preempt(self) -> int:
+        """Called on the GUI thread just before it sends a real request: any warm-up in
+        flight or queued becomes stale. Returns the new epoch."""
+        self.epoch += 1
+        return self.epoch
+
     @Slot(object)
     def load(self, request: LoadRequest) -> None:
         self.engine_thread_ident = threading.get_ident()
+        settings = request.settings
+
+        shown = [-1.0]
+
+        def on_load_progress(fraction: float) -> None:
+            # llama.cpp reports every tensor (hundreds of calls): pass on whole percents.
+            if fraction >= 1.0 or fraction - shown[0] >= 0.01:
+                shown[0] = fraction
+                self.load_progress.emit(LoadProgress(request.path, fraction))
+
         try:
             runtime = Runtime(
-                Path(request.path),
-                RuntimeSettings(n_ctx=request.n_ctx, n_gpu_layers=request.n_gpu_layers),
+                Path(request.path), settings.runtime(), on_load_progress=on_load_progress
             )
         except ArborError as exc:
             self.load_failed.emit(str(exc))  # the previous model keeps working
             return
         self._close()
+        self._settings = settings
+        self._path = request.path
         checkpoints = CheckpointStore(
-            runtime.identity(), disk_dir=data_dirs().cache / "checkpoints"
+            runtime.identity(), ram_budget=settings.ram_budget(), disk_dir=self._disk_dir()
         )
-        self._generator = Generator(runtime, sampling=self._sampling, checkpoints=checkpoints)
+        self._generator = Generator(
+            runtime, sampling=settings.sampling(), checkpoints=checkpoints,
+            checkpoint_interval=settings.checkpoint_interval,
+        )
         self.loaded.emit(
             ModelLoaded(
                 name=runtime.model.info.name,
@@ -83,6 +117,55 @@ class EngineWorker(QObject):
             )
         )
         self._emit_usage()
+
+    @Slot(object)
+    def configure(self, settings: Settings) -> None:
+        """New settings: applied at once, or by loading the model again when the context
+        has to change (the GUI thread has said so to the user before sending them)."""
+        effect = effect_of(self._settings, settings)
+        generator = self._generator
+        if effect in (Effect.RELOAD, Effect.INVALIDATE) and self._path is not None:
+            self.load(LoadRequest(self._path, settings))
+            return
+        self._settings = settings
+        if generator is not None:
+            generator.configure(sampling=settings.sampling(),
+                                checkpoint_interval=settings.checkpoint_interval)
+            if generator.checkpoints is not None:
+                generator.checkpoints.configure(ram_budget=settings.ram_budget(),
+                                                disk_dir=self._disk_dir())
+            self._emit_usage()
+
+    @Slot(object)
+    def warm(self, request: WarmRequest) -> None:
+        generator = self._generator
+        if generator is None or request.epoch != self.epoch:
+            return
+
+        def stale() -> bool:
+            return request.epoch != self.epoch
+
+        path = [view.to_node() for view in request.path]
+        try:
+            report = generator.warm(path, cancel=stale)
+        except Cancelled:
+            log.debug("warm-up pre-empted")
+            return
+        except ArborError as exc:
+            log.info("warm-up skipped: %s", exc)
+            return
+        self.warmed.emit(
+            Warmed(
+                conversation_id=request.conversation_id,
+                last_node=request.path[-1].id,
+                prompt_tokens=generator.runtime.canonical_tokens,
+                decoded_tokens=report.decoded_tokens if report is not None else 0,
+                prefill_ms=report.prefill_ms if report is not None else 0.0,
+            )
+        )
+        if report is not None:
+            generator.after_reply()
+            self._emit_usage()
 
     @Slot(object)
     def generate(self, request: GenerateRequest) -> None:
@@ -98,9 +181,13 @@ class EngineWorker(QObject):
         def on_progress(done: int, total: int) -> None:
             self.progress.emit(Progress(request.request_id, done, total, 0))
 
+        def on_plan(prompt: int, reused: int, source: Source, position: int | None) -> None:
+            self.planned.emit(Plan(request.request_id, prompt, reused, source.value, position))
+
         try:
             prepared = generator.prepare(
-                path, resume=resume, on_progress=on_progress, cancel=self._stop.is_set
+                path, resume=resume, on_progress=on_progress, on_plan=on_plan,
+                cancel=self._stop.is_set,
             )
             generation = generator.generate(
                 max_tokens=request.max_tokens,
@@ -158,6 +245,9 @@ class EngineWorker(QObject):
     @Slot()
     def shutdown(self) -> None:
         self._close()
+
+    def _disk_dir(self) -> Path | None:
+        return data_dirs().cache / "checkpoints" if self._settings.disk_tier else None
 
     def _close(self) -> None:
         if self._generator is not None:

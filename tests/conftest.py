@@ -12,6 +12,8 @@ from engine.model import MemoryKind, default_model_path
 from engine.runtime import Runtime, RuntimeSettings
 from tests.fixtures.gguf_models import ModelKind, write_tiny_model
 
+pytest_plugins = ["tests.app_fixtures"]
+
 # Tests never touch the real home: every Arbor location goes under a temporary folder.
 os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
 

@@ -1,6 +1,7 @@
 """A process that writes conversations as fast as it can; the crash test SIGKILLs it.
 
-It prints "ready" once the store is open. After each action returns (its transaction committed) it prints one line:
+It prints "ready" once the store is open. After each action returns (its transaction
+committed) it prints one line:
     created <conversation> <root>            a new conversation
     sent <conversation> <user> <reply>       a user message and its complete reply
 The test checks that everything printed is in the database, whole.

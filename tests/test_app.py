@@ -2,60 +2,19 @@
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
 import pytest
 from PySide6.QtCore import Qt
 from pytestqt.qtbot import QtBot
 
-import engine.llama as llama_layer
 from app.main_window import MainWindow
 from engine.store import Store
 from engine.tree import NodeStatus, Role
+from tests.app_fixtures import TIMEOUT, send
 
-TIMEOUT = 60_000
-
-
-@pytest.fixture
-def engine_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """Record the thread of every call into llama.cpp's decode and state functions."""
-    seen: list[int] = []
-    for name in ("decode", "state_get", "state_set", "clear"):
-        original = getattr(llama_layer.LlamaContext, name)
-
-        def wrapper(self: Any, *args: Any, __original: Any = original, **kwargs: Any) -> Any:
-            seen.append(threading.get_ident())
-            return __original(self, *args, **kwargs)
-
-        monkeypatch.setattr(llama_layer.LlamaContext, name, wrapper)
-    return seen
-
-
-@pytest.fixture
-def window(
-    qtbot: QtBot, tmp_path: Path, tiny_models: dict[str, Path], engine_calls: list[int]
-) -> Iterator[MainWindow]:
-    win = MainWindow(store=Store(tmp_path / "conversations.db"))
-    qtbot.addWidget(win)
-    win.show()
-    with qtbot.waitSignal(win.model_ready, timeout=TIMEOUT):
-        win.load_model(str(tiny_models["dense"]))
-    yield win
-    win.close()
-    assert not win._thread.isRunning()
-    main = threading.get_ident()
-    assert engine_calls, "the test should have run the engine"
-    assert all(ident != main for ident in engine_calls), "llama.cpp called from the GUI thread"
-    assert set(engine_calls) == {win.worker.engine_thread_ident}
-
-
-def _send(qtbot: QtBot, win: MainWindow, text: str) -> None:
-    win.composer.setPlainText(text)
-    with qtbot.waitSignal(win.reply_finished, timeout=TIMEOUT):
-        qtbot.keyClick(win.composer, Qt.Key.Key_Return)
+_send = send
 
 
 def _texts(win: MainWindow) -> list[str]:
@@ -101,6 +60,7 @@ def test_regenerate_keeps_the_old_reply(qtbot: QtBot, window: MainWindow) -> Non
 
 
 def test_stop_mid_reply_keeps_it_interrupted(qtbot: QtBot, window: MainWindow) -> None:
+    window.apply_settings(replace(window.settings, max_tokens=2048))  # long enough to stop
     window.text_shown.connect(window.stop)  # press Stop as soon as text arrives
     window.composer.setPlainText("Write a long story")
     with qtbot.waitSignal(window.reply_finished, timeout=TIMEOUT):
@@ -110,6 +70,7 @@ def test_stop_mid_reply_keeps_it_interrupted(qtbot: QtBot, window: MainWindow) -
     assert reply.status is NodeStatus.INTERRUPTED and reply.text
     assert window.send_button.text() == "Send"
     window.text_shown.disconnect(window.stop)
+    window.apply_settings(replace(window.settings, max_tokens=48))
     partial = reply.text
     with qtbot.waitSignal(window.reply_finished, timeout=TIMEOUT):
         window.action_continue.trigger()
@@ -170,7 +131,9 @@ def test_importing_a_rejected_file_shows_one_clear_message(
     bad = tmp_path / "broken.arbor"
     bad.write_bytes(b"PK\x03\x04 this is not a zip")
     before = window.store.list()
-    assert window.import_path(bad) == []
+    with qtbot.waitSignal(window.import_finished, timeout=TIMEOUT) as finished:
+        assert window.import_path(bad)  # returns at once: the file is read off the GUI thread
+    assert finished.args == [[]]
     assert window.store.list() == before
     assert len(shown) == 1 and "broken.arbor was not imported" in shown[0]
     assert "Traceback" not in shown[0]

@@ -7,9 +7,9 @@ import time
 from collections.abc import Iterator
 
 import pytest
-from PySide6.QtCore import QPoint, QRect, Qt
-from PySide6.QtGui import QGuiApplication
-from PySide6.QtWidgets import QAbstractItemView
+from PySide6.QtCore import QEvent, QPoint, QRect, Qt
+from PySide6.QtGui import QFocusEvent, QFont, QGuiApplication, QTextCursor
+from PySide6.QtWidgets import QAbstractItemView, QApplication, QLabel, QPlainTextEdit, QWidget
 from pytestqt.qtbot import QtBot
 
 from app.chat_view import (
@@ -17,6 +17,7 @@ from app.chat_view import (
     ChatRole,
     ChatView,
     MessageDelegate,
+    MessageEditor,
     MessageRow,
     rows_from_tree,
 )
@@ -301,6 +302,7 @@ def test_view_setup(view: ChatView) -> None:
         assert action.shortcutContext() == Qt.ShortcutContext.WidgetWithChildrenShortcut
         assert action in view.actions()
     assert view.edit_action.shortcut().toString() == "Ctrl+E"
+    assert [seq.toString() for seq in view.edit_action.shortcuts()] == ["Ctrl+E", "F2"]
     assert view.regenerate_action.shortcut().toString() == "Ctrl+R"
     assert view.copy_action.shortcut().toString() == "Ctrl+Shift+C"
     assert view.delete_action.shortcut().toString() == "Del"
@@ -382,7 +384,7 @@ def test_actions_emit_the_node_id(qtbot: QtBot, view: ChatView) -> None:
     assert view.edit_action in menu.actions() and view.delete_action in menu.actions()
     menu.deleteLater()
     for action, signal in (
-        (view.edit_action, view.edit_requested),
+        (view.edit_action, view.edit_started),
         (view.rewind_action, view.rewind_requested),
         (view.fork_action, view.fork_requested),
         (view.delete_action, view.delete_requested),
@@ -412,7 +414,7 @@ def test_actions_emit_the_node_id(qtbot: QtBot, view: ChatView) -> None:
     assert blocker.args == [ids["a1b"], 0]
 
     # Keys reach the same actions.
-    with qtbot.waitSignal(view.edit_requested, timeout=1000) as blocker:
+    with qtbot.waitSignal(view.edit_started, timeout=1000) as blocker:
         qtbot.keyClick(view, Qt.Key.Key_E, Qt.KeyboardModifier.ControlModifier)
     assert blocker.args == [ids["a1b"]]
     with qtbot.waitSignal(view.delete_requested, timeout=1000) as blocker:
@@ -420,10 +422,11 @@ def test_actions_emit_the_node_id(qtbot: QtBot, view: ChatView) -> None:
     assert blocker.args == [ids["a1b"]]
 
     # With the window active the keys go through Qt's shortcut map: still exactly one signal.
+    view.cancel_edit()  # (a second Ctrl+E on the message being edited starts nothing)
     view.activateWindow()
     qtbot.waitActive(view)
     edits: list[int] = []
-    view.edit_requested.connect(edits.append)
+    view.edit_started.connect(edits.append)
     qtbot.keyClick(view, Qt.Key.Key_E, Qt.KeyboardModifier.ControlModifier)
     qtbot.wait(10)
     assert edits == [ids["a1b"]]
@@ -559,3 +562,295 @@ def test_a_thousand_messages(qtbot: QtBot, view: ChatView, record_property) -> N
     )
     log.info(message)  # shown with --log-cli-level=INFO
     record_property("chat_view_timings", message)
+
+
+# --- editing in place --------------------------------------------------------------------
+
+
+def relayout(view: ChatView) -> None:
+    """Run the view's pending layouts now: an editor's new width may change the height it
+    wants, which takes one more pass (bounded: the width no longer changes then)."""
+    for _ in range(3):
+        view.doItemsLayout()
+
+
+def open_editor(qtbot: QtBot, view: ChatView, node_id: int) -> MessageEditor:
+    """Edit `node_id` through the edit action, as Ctrl+E or the context menu would."""
+    assert view.select_node(node_id)
+    with qtbot.waitSignal(view.edit_started, timeout=1000) as blocker:
+        view.edit_action.trigger()
+    assert blocker.args == [node_id]
+    relayout(view)
+    editor = view.editor()
+    assert editor is not None
+    return editor
+
+
+def index_widgets(view: ChatView) -> list[QWidget]:
+    model = view.chat_model
+    widgets = (view.indexWidget(model.index(row, 0)) for row in range(model.rowCount()))
+    return [w for w in widgets if w is not None]
+
+
+def test_the_edit_action_opens_a_prefilled_editor_over_the_bubble(
+    qtbot: QtBot, view: ChatView
+) -> None:
+    rows = make_rows(6)
+    view.set_rows(rows)
+    settle(qtbot)
+    target = rows[2]
+    index = view.chat_model.index(2, 0)
+    plain_height = view.visualRect(index).height()
+
+    editor = open_editor(qtbot, view, target.node_id)
+    assert isinstance(editor, MessageEditor)
+    assert view.editing_node == target.node_id == view.delegate.editing_node
+    assert editor.text() == target.text
+    assert isinstance(editor.text_edit, QPlainTextEdit)
+    assert editor.text_edit.textCursor().atEnd()
+    assert editor.isVisible() and editor.text_edit.font() == view.font()
+    hint = editor.findChild(QLabel, "chat_edit_hint")
+    assert hint is not None
+    assert hint.text() == "Enter to submit · Shift+Enter new line · Esc to cancel"
+    # Over the bubble's text, under its header, inside the (grown) row.
+    rect = view.visualRect(index)
+    assert rect.contains(editor.geometry())
+    assert editor.geometry().top() > rect.top() + view.delegate.PADDING
+    assert rect.height() > plain_height  # room for the hint and a spare line
+    assert rect.height() >= editor.wanted_height()
+    view.viewport().grab()  # paints the edited row (no text drawn under the editor)
+
+    # F2 on another message moves the edit there; the first is cancelled.
+    view.select_node(rows[1].node_id)
+    with (
+        qtbot.waitSignal(view.edit_cancelled, timeout=1000) as cancelled,
+        qtbot.waitSignal(view.edit_started, timeout=1000) as started,
+    ):
+        qtbot.keyClick(view, Qt.Key.Key_F2)
+    assert cancelled.args == [target.node_id] and started.args == [rows[1].node_id]
+    assert view.editor() is not None and view.editor().text() == rows[1].text
+
+
+def test_double_clicking_a_user_message_edits_it(qtbot: QtBot, view: ChatView) -> None:
+    rows = make_rows(4)
+    view.set_rows(rows)
+    settle(qtbot)
+    view.scroll_to_node(rows[0].node_id)
+    settle(qtbot)
+    assistant = view.visualRect(view.chat_model.index(1, 0))
+    with qtbot.assertNotEmitted(view.edit_started, wait=20):
+        qtbot.mouseDClick(view.viewport(), Qt.MouseButton.LeftButton, pos=assistant.center())
+    assert view.editor() is None
+
+    user = view.visualRect(view.chat_model.index(0, 0))
+    with qtbot.waitSignal(view.edit_started, timeout=1000) as blocker:
+        qtbot.mouseDClick(view.viewport(), Qt.MouseButton.LeftButton, pos=user.center())
+    assert blocker.args == [rows[0].node_id]
+    assert view.editor() is not None and view.editor().text() == rows[0].text
+    assert view.currentIndex().row() == 0
+
+
+def test_enter_submits_the_new_text_stripped_and_closes_the_editor(
+    qtbot: QtBot, view: ChatView
+) -> None:
+    rows = make_rows(4)
+    view.set_rows(rows)
+    settle(qtbot)
+    editor = open_editor(qtbot, view, rows[2].node_id)
+    box = editor.text_edit
+    box.selectAll()
+    qtbot.keyClicks(box, "  A better question  ")
+    assert view.chat_model.rows() == rows  # the editor never writes to the model
+    with (
+        qtbot.waitSignal(view.edit_submitted, timeout=1000) as blocker,
+        qtbot.assertNotEmitted(view.edit_cancelled),
+    ):
+        qtbot.keyClick(box, Qt.Key.Key_Return)
+    assert blocker.args == [rows[2].node_id, "A better question"]
+    assert view.editor() is None and view.editing_node is None
+    assert view.delegate.editing_node is None
+    assert view.chat_model.rows() == rows  # the owner applies the edit, not the view
+
+
+def test_shift_enter_is_a_new_line_and_esc_cancels(qtbot: QtBot, view: ChatView) -> None:
+    rows = make_rows(4)
+    view.set_rows(rows)
+    settle(qtbot)
+    editor = open_editor(qtbot, view, rows[0].node_id)
+    box = editor.text_edit
+    with qtbot.assertNotEmitted(view.edit_submitted), qtbot.assertNotEmitted(view.edit_cancelled):
+        qtbot.keyClick(box, Qt.Key.Key_Return, Qt.KeyboardModifier.ShiftModifier)
+        qtbot.keyClicks(box, "second line")
+    assert editor.text() == rows[0].text + "\nsecond line"
+    with (
+        qtbot.waitSignal(view.edit_cancelled, timeout=1000) as blocker,
+        qtbot.assertNotEmitted(view.edit_submitted),
+    ):
+        qtbot.keyClick(box, Qt.Key.Key_Escape)
+    assert blocker.args == [rows[0].node_id]
+    assert view.editor() is None and view.editing_node is None
+
+
+def test_an_unchanged_or_blank_text_only_closes_the_editor(qtbot: QtBot, view: ChatView) -> None:
+    rows = make_rows(4)
+    view.set_rows(rows)
+    settle(qtbot)
+    editor = open_editor(qtbot, view, rows[2].node_id)
+    qtbot.keyClicks(editor.text_edit, "   ")  # only trailing spaces: the same text
+    with (
+        qtbot.assertNotEmitted(view.edit_submitted),
+        qtbot.waitSignal(view.edit_cancelled, timeout=1000) as blocker,
+    ):
+        qtbot.keyClick(editor.text_edit, Qt.Key.Key_Return)
+    assert blocker.args == [rows[2].node_id] and view.editor() is None
+
+    editor = open_editor(qtbot, view, rows[2].node_id)
+    editor.text_edit.selectAll()
+    qtbot.keyClick(editor.text_edit, Qt.Key.Key_Delete)
+    qtbot.keyClicks(editor.text_edit, " \t ")
+    with (
+        qtbot.assertNotEmitted(view.edit_submitted),
+        qtbot.waitSignal(view.edit_cancelled, timeout=1000),
+    ):
+        qtbot.keyClick(editor.text_edit, Qt.Key.Key_Enter)
+    assert view.editor() is None
+
+
+def test_one_editor_at_a_time_and_never_a_widget_per_message(qtbot: QtBot, view: ChatView) -> None:
+    rows = make_rows(200)
+    view.set_rows(rows)
+    view.scroll_to_end()
+    settle(qtbot)
+    assert view.findChildren(QPlainTextEdit) == [] and index_widgets(view) == []
+
+    first = open_editor(qtbot, view, rows[190].node_id)
+    assert len(view.findChildren(QPlainTextEdit)) == 1 and index_widgets(view) == [first]
+    with qtbot.waitSignal(view.edit_cancelled, timeout=1000) as blocker:
+        assert view.start_edit(rows[10].node_id)
+    assert blocker.args == [rows[190].node_id]
+    relayout(view)
+    second = view.editor()
+    assert second is not None and second is not first
+    assert index_widgets(view) == [second] and view.editing_node == rows[10].node_id
+    assert view.visualRect(view.chat_model.index(10, 0)).intersects(view.viewport().rect())
+    with qtbot.assertNotEmitted(view.edit_started, wait=10):
+        assert view.start_edit(rows[10].node_id)  # the one already open: nothing new
+    assert view.editor() is second
+    assert not view.start_edit(424242)
+
+    with qtbot.waitSignal(view.edit_cancelled, timeout=1000):
+        view.cancel_edit()
+    assert index_widgets(view) == []
+    QApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)  # closed editors go later
+    assert view.findChildren(QPlainTextEdit) == []
+    with qtbot.assertNotEmitted(view.edit_cancelled, wait=10):
+        view.cancel_edit()  # nothing open: nothing to report
+
+
+def test_the_row_grows_with_the_text_up_to_a_cap(qtbot: QtBot, view: ChatView) -> None:
+    rows = [MessageRow(1, "user", "Short", "complete", 0, 1), *make_rows(3, start_id=2)]
+    view.set_rows(rows)
+    settle(qtbot)
+    editor = open_editor(qtbot, view, 1)
+    index = view.chat_model.index(0, 0)
+    small = view.visualRect(index).height()
+    box = editor.text_edit
+    for _ in range(3):
+        qtbot.keyClick(box, Qt.Key.Key_Return, Qt.KeyboardModifier.ShiftModifier)
+    relayout(view)
+    grown = view.visualRect(index).height()
+    assert grown >= small + 3 * box.fontMetrics().lineSpacing()
+    assert box.verticalScrollBar().maximum() == 0  # it all shows, with room to spare
+
+    box.insertPlainText("\n".join(f"line {i}" for i in range(200)))  # a paste
+    relayout(view)
+    capped = view.visualRect(index).height()
+    assert grown < capped < view.viewport().height()
+    assert box.verticalScrollBar().maximum() > 0  # the rest scrolls inside the editor
+    assert view.visualRect(index).contains(editor.geometry())
+
+
+def test_the_editor_survives_focus_loss_and_row_updates(qtbot: QtBot, view: ChatView) -> None:
+    rows = make_rows(6)
+    view.set_rows(rows)
+    settle(qtbot)
+    target = rows[2].node_id
+    editor = open_editor(qtbot, view, target)
+    qtbot.keyClicks(editor.text_edit, " and more")
+    typed = editor.text()
+    with qtbot.assertNotEmitted(view.edit_cancelled), qtbot.assertNotEmitted(view.edit_submitted):
+        for widget in (editor.text_edit, editor):
+            QApplication.sendEvent(widget, QFocusEvent(QEvent.Type.FocusOut))
+        view.setFocus()
+        # A reply streams in below; the edited message gets a new version count.
+        reply = MessageRow(900, "assistant", "", "streaming", 0, 1)
+        view.set_rows([*rows[:2], with_variants(rows[2], 0, 2), *rows[3:], reply])
+        view.update_text(900, "Partial answer", "streaming")
+        view.set_rows(rows[:4])  # a tail after it removed
+        relayout(view)
+        assert view.editor() is editor and editor.text() == typed
+        # A reset that keeps the message (a new first row): the editor reopens, text intact.
+        view.set_rows([make_rows(1, start_id=700)[0], *rows[1:4]])
+        relayout(view)
+    assert view.editing_node == target
+    assert view.editor() is not None and view.editor().text() == typed
+    assert len(index_widgets(view)) == 1
+
+    with qtbot.waitSignal(view.edit_cancelled, timeout=1000) as blocker:
+        view.set_rows(rows[:2])  # the edited message is gone
+    assert blocker.args == [target]
+    assert view.editor() is None and view.editing_node is None
+    assert view.delegate.editing_node is None
+
+    open_editor(qtbot, view, rows[0].node_id)
+    with qtbot.waitSignal(view.edit_cancelled, timeout=1000) as blocker:
+        view.set_rows(make_rows(3, start_id=500))  # another conversation
+    assert blocker.args == [rows[0].node_id] and view.editor() is None
+    QApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)
+    assert view.findChildren(QPlainTextEdit) == []
+
+
+_CTRL_SHIFT = Qt.KeyboardModifier.ControlModifier | Qt.KeyboardModifier.ShiftModifier
+
+
+def test_the_views_keys_stay_in_the_editor(qtbot: QtBot, view: ChatView) -> None:
+    rows = _rows_with_versions()
+    view.set_rows(rows)
+    settle(qtbot)
+    view.activateWindow()
+    qtbot.waitActive(view)
+    editor = open_editor(qtbot, view, rows[3].node_id)  # an assistant reply, 3 versions
+    box = editor.text_edit
+    box.setFocus()
+    assert box.hasFocus()
+    box.moveCursor(QTextCursor.MoveOperation.Start)
+    before = editor.text()
+    with (
+        qtbot.assertNotEmitted(view.delete_requested),
+        qtbot.assertNotEmitted(view.rewind_requested),
+        qtbot.assertNotEmitted(view.variant_requested),
+        qtbot.assertNotEmitted(view.edit_cancelled),
+        qtbot.assertNotEmitted(view.copy_requested),
+    ):
+        qtbot.keyClick(box, Qt.Key.Key_Delete)  # deletes a character, not the branch
+        qtbot.keyClick(box, Qt.Key.Key_Left, Qt.KeyboardModifier.AltModifier)
+        qtbot.keyClick(box, Qt.Key.Key_C, _CTRL_SHIFT)
+        qtbot.keyClick(box, Qt.Key.Key_E, Qt.KeyboardModifier.ControlModifier)
+        box.moveCursor(QTextCursor.MoveOperation.End)
+        qtbot.keyClick(box, Qt.Key.Key_Backspace, Qt.KeyboardModifier.ControlModifier)
+    assert editor.text() != before and editor.text() == before[1:].rsplit(" ", 1)[0] + " "
+    assert view.editor() is editor
+
+
+def test_a_new_font_reaches_the_editor(qtbot: QtBot, view: ChatView) -> None:
+    view.set_rows(make_rows(3))
+    settle(qtbot)
+    editor = open_editor(qtbot, view, 1)
+    wanted = editor.wanted_height()
+    font = QFont(view.font())
+    font.setPointSizeF(font.pointSizeF() * 2)
+    view.setFont(font)
+    relayout(view)
+    assert editor.text_edit.font().pointSizeF() == font.pointSizeF()
+    assert editor.wanted_height() > wanted
+    assert view.visualRect(view.chat_model.index(0, 0)).contains(editor.geometry())

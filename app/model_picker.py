@@ -1,0 +1,232 @@
+"""The model picker: the bundled default, the models folder, and any GGUF file.
+
+Each row shows what the GGUF header says (name, architecture, file size, trained context
+length, memory kind) without loading the weights; a file whose header cannot be read is
+listed with the reason and cannot be chosen.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from enum import IntEnum
+from pathlib import Path
+from typing import Any
+
+from PySide6.QtCore import (
+    QAbstractTableModel,
+    QModelIndex,
+    QPersistentModelIndex,
+    Qt,
+    QUrl,
+)
+from PySide6.QtGui import QDesktopServices, QFont
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QDialog,
+    QDialogButtonBox,
+    QFileDialog,
+    QHeaderView,
+    QLabel,
+    QPushButton,
+    QTableView,
+    QVBoxLayout,
+    QWidget,
+)
+
+from engine.errors import ArborError
+from engine.model import ModelInfo, list_models, read_model_info
+from engine.paths import data_dirs
+
+ModelIndex = QModelIndex | QPersistentModelIndex
+
+
+@dataclass(frozen=True)
+class ModelEntry:
+    path: Path
+    info: ModelInfo | None
+    problem: str | None  # why the header could not be read
+
+    @staticmethod
+    def read(path: Path) -> ModelEntry:
+        try:
+            return ModelEntry(path, read_model_info(path), None)
+        except ArborError as exc:
+            return ModelEntry(path, None, str(exc))
+
+
+class Column(IntEnum):
+    NAME = 0
+    ARCHITECTURE = 1
+    SIZE = 2
+    CONTEXT = 3
+    MEMORY = 4
+    FILE = 5
+
+
+_HEADERS = ("Name", "Architecture", "Size", "Context", "Memory kind", "File")
+
+
+def human_size(n: int) -> str:
+    size = float(n)
+    for unit in ("bytes", "KiB", "MiB", "GiB"):
+        if size < 1024 or unit == "GiB":
+            return f"{size:.0f} {unit}" if unit == "bytes" else f"{size:.1f} {unit}"
+        size /= 1024
+    raise AssertionError("unreachable")
+
+
+class ModelListModel(QAbstractTableModel):
+    def __init__(self, entries: Sequence[ModelEntry] = (), loaded: str | None = None) -> None:
+        super().__init__()
+        self._entries = list(entries)
+        self._loaded = loaded
+
+    def rowCount(self, parent: ModelIndex = QModelIndex()) -> int:  # noqa: B008
+        return 0 if parent.isValid() else len(self._entries)
+
+    def columnCount(self, parent: ModelIndex = QModelIndex()) -> int:  # noqa: B008
+        return 0 if parent.isValid() else len(Column)
+
+    def headerData(self, section: int, orientation: Qt.Orientation,
+                   role: int = Qt.ItemDataRole.DisplayRole) -> Any:
+        if (orientation is Qt.Orientation.Horizontal and role == Qt.ItemDataRole.DisplayRole
+                and 0 <= section < len(_HEADERS)):
+            return _HEADERS[section]
+        return None
+
+    def flags(self, index: ModelIndex) -> Qt.ItemFlag:
+        if not index.isValid():
+            return Qt.ItemFlag.NoItemFlags
+        if self._entries[index.row()].info is None:
+            return Qt.ItemFlag.ItemIsEnabled  # listed, not choosable
+        return Qt.ItemFlag.ItemIsEnabled | Qt.ItemFlag.ItemIsSelectable
+
+    def data(self, index: ModelIndex, role: int = Qt.ItemDataRole.DisplayRole) -> Any:
+        if not index.isValid() or not 0 <= index.row() < len(self._entries):
+            return None
+        entry = self._entries[index.row()]
+        column = Column(index.column())
+        if role == Qt.ItemDataRole.DisplayRole:
+            return _cell(entry, column)
+        if role == Qt.ItemDataRole.ToolTipRole:
+            return entry.problem or str(entry.path)
+        if role == Qt.ItemDataRole.FontRole and str(entry.path) == self._loaded:
+            font = QFont()
+            font.setBold(True)
+            return font
+        if role == Qt.ItemDataRole.UserRole:
+            return str(entry.path)
+        return None
+
+    def entry(self, row: int) -> ModelEntry:
+        return self._entries[row]
+
+    def add(self, entry: ModelEntry) -> int:
+        """Add a file (or find it); returns its row."""
+        for row, known in enumerate(self._entries):
+            if known.path == entry.path:
+                return row
+        row = len(self._entries)
+        self.beginInsertRows(QModelIndex(), row, row)
+        self._entries.append(entry)
+        self.endInsertRows()
+        return row
+
+
+def _cell(entry: ModelEntry, column: Column) -> str:
+    info = entry.info
+    if column is Column.FILE:
+        return entry.path.name
+    if column is Column.SIZE:
+        return human_size(entry.path.stat().st_size) if entry.path.exists() else "—"
+    if info is None:
+        return f"cannot be used: {entry.problem}" if column is Column.NAME else ""
+    if column is Column.NAME:
+        return info.name
+    if column is Column.ARCHITECTURE:
+        return info.architecture
+    if column is Column.CONTEXT:
+        return f"{info.context_length:,}" if info.context_length else "unknown"
+    kind = info.memory_kind.value.replace("_", " ")
+    return f"{kind} ({info.sliding_window:,})" if info.sliding_window else kind
+
+
+class ModelPicker(QDialog):
+    """Choose a model; `chosen()` is its path once the dialog is accepted."""
+
+    def __init__(self, loaded: str | None = None, parent: QWidget | None = None,
+                 paths: Sequence[Path] | None = None) -> None:
+        super().__init__(parent)
+        self.setWindowTitle("Models")
+        self.resize(820, 360)
+        found = list(paths) if paths is not None else list_models(data_dirs())
+        self.model = ModelListModel([ModelEntry.read(p) for p in found], loaded)
+        self.table = QTableView()
+        self.table.setModel(self.model)
+        self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
+        self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+        self.table.verticalHeader().hide()
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        self.table.horizontalHeader().setStretchLastSection(True)
+        self.table.doubleClicked.connect(self._on_double_click)
+        folder = data_dirs().models
+        hint = QLabel(f"Put GGUF files in <a href='{QUrl.fromLocalFile(str(folder)).toString()}'>"
+                      f"{folder}</a> to list them here.")
+        hint.setTextFormat(Qt.TextFormat.RichText)
+        hint.linkActivated.connect(self._open_folder)
+        self.buttons = QDialogButtonBox(
+            QDialogButtonBox.StandardButton.Cancel
+        )
+        self.load_button = QPushButton("Load")
+        self.load_button.setDefault(True)
+        self.buttons.addButton(self.load_button, QDialogButtonBox.ButtonRole.AcceptRole)
+        browse = QPushButton("Open GGUF file…")
+        self.buttons.addButton(browse, QDialogButtonBox.ButtonRole.ActionRole)
+        browse.clicked.connect(self._browse)
+        self.buttons.accepted.connect(self.accept)
+        self.buttons.rejected.connect(self.reject)
+        column = QVBoxLayout(self)
+        column.addWidget(self.table)
+        column.addWidget(hint)
+        column.addWidget(self.buttons)
+        self.table.selectionModel().selectionChanged.connect(self._update)
+        for row in range(self.model.rowCount()):
+            if self.model.entry(row).info is not None:
+                self.select_row(row)
+                break
+        self._update()
+
+    def select_row(self, row: int) -> None:
+        self.table.selectRow(row)
+
+    def chosen(self) -> Path | None:
+        rows = self.table.selectionModel().selectedRows()
+        if not rows:
+            return None
+        entry = self.model.entry(rows[0].row())
+        return entry.path if entry.info is not None else None
+
+    def add_file(self, path: Path) -> None:
+        row = self.model.add(ModelEntry.read(path))
+        self.select_row(row)
+        self._update()
+
+    def _update(self) -> None:
+        self.load_button.setEnabled(self.chosen() is not None)
+
+    def _on_double_click(self, index: QModelIndex) -> None:
+        if self.model.entry(index.row()).info is not None:
+            self.select_row(index.row())
+            self.accept()
+
+    def _browse(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self, "Open GGUF model", str(data_dirs().models),
+                                              "GGUF models (*.gguf);;All files (*)")
+        if path:
+            self.add_file(Path(path))
+
+    @staticmethod
+    def _open_folder(url: str) -> None:
+        data_dirs().models.mkdir(parents=True, exist_ok=True)
+        QDesktopServices.openUrl(QUrl(url))

@@ -1,0 +1,68 @@
+"""Fixtures for driving the real main window on a real engine with a tiny model.
+
+Loaded for every test module through `pytest_plugins` in conftest.py.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from PySide6.QtCore import Qt
+from pytestqt.qtbot import QtBot
+
+import engine.llama as llama_layer
+from app.main_window import MainWindow
+from engine.settings import Settings
+from engine.store import Store
+
+# A hang guard, not a speed claim: a random-weight model answers up to its token limit and a
+# shared machine may be slow; every wait ends as soon as its signal comes.
+TIMEOUT = 240_000
+# Short replies keep the tests quick; a test that needs a long one sets its own.
+TEST_SETTINGS = Settings(max_tokens=48, seed=None)
+
+
+@pytest.fixture
+def engine_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """Record the thread of every call into llama.cpp's decode and state functions."""
+    seen: list[int] = []
+    for name in ("decode", "state_get", "state_set", "clear"):
+        original = getattr(llama_layer.LlamaContext, name)
+
+        def wrapper(self: Any, *args: Any, __original: Any = original, **kwargs: Any) -> Any:
+            seen.append(threading.get_ident())
+            return __original(self, *args, **kwargs)
+
+        monkeypatch.setattr(llama_layer.LlamaContext, name, wrapper)
+    return seen
+
+
+@pytest.fixture
+def window(
+    qtbot: QtBot, tmp_path: Path, tiny_models: dict[str, Path], engine_calls: list[int]
+) -> Iterator[MainWindow]:
+    """The main window with the tiny dense model loaded; on teardown, proof that llama.cpp
+    ran only on the engine thread."""
+    win = MainWindow(store=Store(tmp_path / "conversations.db"), settings=TEST_SETTINGS)
+    qtbot.addWidget(win)
+    win.show()
+    with qtbot.waitSignal(win.model_ready, timeout=TIMEOUT):
+        win.load_model(str(tiny_models["dense"]))
+    yield win
+    win.close()
+    assert not win._thread.isRunning()
+    main = threading.get_ident()
+    assert engine_calls, "the test should have run the engine"
+    assert all(ident != main for ident in engine_calls), "llama.cpp called from the GUI thread"
+    assert set(engine_calls) == {win.worker.engine_thread_ident}
+
+
+def send(qtbot: QtBot, win: MainWindow, text: str) -> None:
+    """Type a message and press Enter, as a user would; returns once the reply is done."""
+    win.composer.setPlainText(text)
+    with qtbot.waitSignal(win.reply_finished, timeout=TIMEOUT):
+        qtbot.keyClick(win.composer, Qt.Key.Key_Return)

@@ -1,0 +1,182 @@
+"""The window and the engine thread: warming the next prompt, settings, models, shortcuts."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+from PySide6.QtGui import QKeySequence
+from pytestqt.qtbot import QtBot
+
+from app.main_window import MainWindow, global_id
+from app.messages import Warmed
+from app.model_picker import Column, ModelPicker
+from app.settings_dialog import SettingsDialog
+from engine.llama import FlashAttention
+from engine.settings import Effect, Settings, load_settings
+from engine.store import Store
+from engine.tree import Role
+from tests.app_fixtures import TIMEOUT
+from tests.app_fixtures import send as _send
+
+
+def _wait_warm(qtbot: QtBot, win: MainWindow) -> Warmed:
+    with qtbot.waitSignal(win.warmed, timeout=TIMEOUT) as blocker:
+        pass
+    warmed = blocker.args[0]
+    assert isinstance(warmed, Warmed)
+    return warmed
+
+
+def test_after_a_reply_the_engine_warms_the_branch_and_send_decodes_only_the_new_message(
+    qtbot: QtBot, window: MainWindow
+) -> None:
+    with qtbot.waitSignal(window.warmed, timeout=TIMEOUT) as first:
+        _send(qtbot, window, "Tell me about rivers.")
+    warmed = first.args[0]
+    tree = window.tree
+    leaf = tree.node(tree.active_leaf)
+    assert leaf.role is Role.ASSISTANT
+    assert warmed.last_node == global_id(window.current or 0, leaf.id)
+    assert warmed.decoded_tokens >= 2  # the reply, decoded again in one batch
+    before = sum(len(node.tokens or ()) for node in tree.path_to(leaf.id))
+    assert warmed.prompt_tokens == before
+
+    _send(qtbot, window, "And lakes?")
+    done = window.last_reply
+    assert done is not None and done.source == "live"
+    assert done.reused_tokens == before  # everything up to the new message was ready
+    user = window.tree.node(window.tree.node(window.tree.active_leaf).parent or 0)
+    assert done.decoded_tokens == done.prompt_tokens - before
+    assert done.decoded_tokens > len(user.tokens or ())  # the message and the reply's header
+
+
+def test_starting_an_edit_warms_the_prefix_before_the_edited_message(
+    qtbot: QtBot, window: MainWindow
+) -> None:
+    _send(qtbot, window, "First question")
+    _send(qtbot, window, "Second question")
+    _wait_warm(qtbot, window)
+    second_user = window.tree.message(2)
+    with qtbot.waitSignal(window.warmed, timeout=TIMEOUT) as blocker:
+        window._on_edit_started(second_user.id)
+    assert blocker.args[0].last_node == global_id(window.current or 0, second_user.parent or 0)
+    window.edit(second_user.id, "A better second question")
+    qtbot.waitUntil(lambda: window._streaming is None, timeout=TIMEOUT)
+    done = window.last_reply
+    assert done is not None and done.source == "live"
+    assert done.reused_tokens == sum(
+        len(n.tokens or ()) for n in window.tree.path_to(second_user.parent or 0))
+
+
+def test_a_context_setting_reloads_the_model_says_so_and_is_saved(
+    qtbot: QtBot, window: MainWindow
+) -> None:
+    _send(qtbot, window, "Hello")
+    with qtbot.waitSignal(window.model_ready, timeout=TIMEOUT):
+        effect = window.apply_settings(replace(window.settings, n_ctx=2048))
+        assert effect is Effect.INVALIDATE
+        assert "checkpoints do not fit" in window.statusBar().currentMessage()
+    assert "ctx 2048" in window.status_model.text()
+    assert load_settings().settings.n_ctx == 2048
+    _send(qtbot, window, "Still there?")  # the new context answers
+    assert window.last_reply is not None and window.last_reply.source != "checkpoint"
+
+
+def test_sampling_settings_apply_without_a_reload_and_a_fixed_seed_repeats_a_reply(
+    qtbot: QtBot, window: MainWindow
+) -> None:
+    with qtbot.assertNotEmitted(window.model_ready, wait=200):
+        assert window.apply_settings(
+            replace(window.settings, temperature=1.2, seed=1234, max_tokens=12)
+        ) is Effect.LIVE
+    _send(qtbot, window, "Say something")
+    first = window.tree.node(window.tree.active_leaf)
+    window.regenerate(first.id)
+    qtbot.waitUntil(lambda: window._streaming is None, timeout=TIMEOUT)
+    second = window.tree.node(window.tree.active_leaf)
+    assert second.id != first.id and second.text == first.text
+    assert len(second.tokens or ()) <= len(first.tokens or ()) + 1  # at most 12 generated
+
+
+def test_the_settings_dialog_says_what_a_change_costs(qtbot: QtBot) -> None:
+    dialog = SettingsDialog(Settings())
+    qtbot.addWidget(dialog)
+    assert dialog.effect() is Effect.NONE
+    dialog.temperature.setValue(0.2)
+    assert dialog.effect() is Effect.LIVE and "at once" in dialog.effect_label.text()
+    dialog.n_gpu_layers.setValue(-1)
+    assert dialog.effect() is Effect.RELOAD
+    dialog.n_ctx.setValue(8192)
+    assert dialog.effect() is Effect.INVALIDATE
+    assert "checkpoints" in dialog.effect_label.text()
+    dialog.type_v.setCurrentText("q8_0")  # needs flash attention
+    ok = dialog.buttons.button(dialog.buttons.StandardButton.Ok)
+    assert not ok.isEnabled() and "flash attention" in dialog.effect_label.text()
+    dialog.flash_attn.setCurrentIndex(list(FlashAttention).index(FlashAttention.ON))
+    assert ok.isEnabled()
+    chosen = dialog.chosen()
+    assert (chosen.n_ctx, chosen.type_v, chosen.flash_attn) == (8192, "q8_0", FlashAttention.ON)
+
+
+def test_the_model_picker_reads_headers_and_refuses_broken_files(
+    qtbot: QtBot, qtmodeltester, tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    broken = tmp_path / "broken.gguf"
+    broken.write_bytes(b"GGUF" + b"\x00" * 7)
+    paths = [tiny_models["dense"], tiny_models["recurrent"], tiny_models["sliding_window"],
+             broken]
+    picker = ModelPicker(str(tiny_models["recurrent"]), paths=paths)
+    qtbot.addWidget(picker)
+    qtmodeltester.check(picker.model)
+    model = picker.model
+
+    def cell(row: int, column: Column) -> str:
+        return str(model.data(model.index(row, column)))
+
+    assert cell(1, Column.MEMORY) == "recurrent"
+    assert cell(0, Column.MEMORY) == "dense"
+    assert cell(2, Column.MEMORY).startswith("sliding window")
+    assert cell(0, Column.ARCHITECTURE) == "llama" and cell(1, Column.ARCHITECTURE) == "mamba"
+    assert cell(0, Column.SIZE).endswith("MiB")
+    assert "cannot be used" in cell(3, Column.NAME)
+    assert picker.chosen() == tiny_models["dense"]  # the first usable row
+    picker.select_row(3)
+    assert picker.chosen() is None and not picker.load_button.isEnabled()
+    picker.add_file(tiny_models["dense"])  # a file already listed is found, not added twice
+    assert model.rowCount() == 4 and picker.chosen() == tiny_models["dense"]
+
+
+def test_every_frequent_action_has_its_own_shortcut(qtbot: QtBot, tmp_path: Path) -> None:
+    win = MainWindow(store=Store(tmp_path / "c.db"))
+    qtbot.addWidget(win)
+    keys: dict[str, list[str]] = {}
+    for action in [*win.findChildren(type(win.action_new)), *win.chat.actions()]:
+        for sequence in action.shortcuts():
+            keys.setdefault(sequence.toString(), []).append(action.text())
+    clashes = {k: sorted(set(v)) for k, v in keys.items() if len(set(v)) > 1}
+    assert not clashes, clashes
+    table = dict(win.shortcut_table())
+    for name in ("New conversation", "Settings", "Models", "Import", "Undo",
+                 "Continue the reply", "Regenerate the last reply", "System prompt",
+                 "Search conversations", "Next conversation", "Stop", "Keyboard shortcuts",
+                 "Edit", "Regenerate", "Rewind here", "Fork from here", "Delete branch",
+                 "Previous version", "Next version"):
+        assert name in table, name
+    assert table["Settings"] == QKeySequence("Ctrl+,").toString(
+        QKeySequence.SequenceFormat.NativeText)
+    win.close()
+
+
+def test_the_system_prompt_is_per_conversation_and_saved(
+    qtbot: QtBot, window: MainWindow
+) -> None:
+    first = window.current
+    window.set_system_prompt("Answer in French.")
+    window.new_conversation()
+    assert window.tree.root.text == ""
+    window.open_conversation(first or 0)
+    assert window.tree.root.text == "Answer in French."
+    assert window.store.load(first or 0).root.text == "Answer in French."
+    _send(qtbot, window, "Hello")
+    assert window.tree.root.tokens  # rendered with the new text for this reply
