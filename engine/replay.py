@@ -110,6 +110,8 @@ def run_step(session: Session, step: Step) -> StepReport:
             case Op.REWIND:
                 assert step.message is not None
                 return session.rewind(tree.message(step.message).id)
+            case Op.WARM:
+                return session.warm()
             case Op.EXPORT:
                 assert step.path is not None
                 out = Path(step.path)

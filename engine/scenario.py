@@ -34,6 +34,7 @@ class Op(StrEnum):
     EDIT = "edit"
     SWITCH = "switch"
     REWIND = "rewind"
+    WARM = "warm"  # prepare the active branch, as the app does while the user reads
     EXPORT = "export"
 
 
@@ -69,6 +70,7 @@ _FIELDS: dict[Op, dict[str, type]] = {
     Op.EDIT: {"message": int, "text": str, "max_tokens": int},
     Op.SWITCH: {"message": int, "variant": int},
     Op.REWIND: {"message": int},
+    Op.WARM: {},
     Op.EXPORT: {"path": str},
 }
 _REQUIRED: dict[Op, set[str]] = {
@@ -77,6 +79,7 @@ _REQUIRED: dict[Op, set[str]] = {
     Op.EDIT: {"message", "text"},
     Op.SWITCH: {"message", "variant"},
     Op.REWIND: {"message"},
+    Op.WARM: set(),
     Op.EXPORT: {"path"},
 }
 _TOP: dict[str, type | tuple[type, ...]] = {

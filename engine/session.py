@@ -147,6 +147,22 @@ class Session:
         self._keep([])
         return StepReport(op="switch", node_id=leaf)
 
+    def warm(self) -> StepReport:
+        """What the app does while the user reads: prepare the active branch, so the next
+        message decodes only itself (see Generator.warm)."""
+        path = self.tree.active_path()
+        untokenized = [node for node in path if node.tokens is None]
+        report = self.generator.warm(path)
+        self._keep([node for node in untokenized if node.tokens is not None])
+        if report is None:
+            return StepReport(op="warm", node_id=self.tree.active_leaf, decoded_tokens=0)
+        return StepReport(
+            op="warm", node_id=self.tree.active_leaf, prompt_tokens=report.prompt_tokens,
+            reused_tokens=report.reused_tokens, decoded_tokens=report.decoded_tokens,
+            source=report.source, checkpoint_pos=report.checkpoint_pos,
+            prefill_ms=report.prefill_ms,
+        )
+
     def rewind(self, node_id: int) -> StepReport:
         self.tree.rewind(node_id)
         self._keep([])

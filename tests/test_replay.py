@@ -23,11 +23,13 @@ ROOT = Path(__file__).resolve().parents[1]
 STEPS: list[dict[str, Any]] = [
     {"op": "send", "text": "Tell me about the oak tree and its leaves.", "max_tokens": 12},
     {"op": "send", "text": "How deep do its roots grow?", "max_tokens": 12},
+    {"op": "warm"},
     {"op": "send", "text": "And how old can it get?", "max_tokens": 12},
     {"op": "edit", "message": 2, "text": "How tall can it grow?", "max_tokens": 12},
     {"op": "regenerate", "max_tokens": 12},
     {"op": "edit", "message": 0, "text": "Tell me about rivers.", "max_tokens": 12},
     {"op": "switch", "message": 0, "variant": 0},
+    {"op": "warm"},
     {"op": "send", "text": "Thanks. One more fact?", "max_tokens": 12},
     {"op": "edit", "message": 4, "text": "Thanks! Another fact?", "max_tokens": 12},
     {"op": "rewind", "message": 1},
@@ -65,8 +67,14 @@ def test_cached_replies_equal_full_reprocess_on_every_memory_kind(
     cached = replay(scenario, cache=CacheMode.CHECKPOINTS)
     reference = replay(scenario, cache=CacheMode.NONE)
     assert _texts(cached) == _texts(reference)
-    assert all(t for t, s in zip(_texts(cached), STEPS, strict=True) if s["op"] != "switch"
-               and s["op"] != "rewind")
+    assert all(t for t, s in zip(_texts(cached), STEPS, strict=True)
+               if s["op"] not in ("switch", "rewind", "warm"))
+    # After a warm-up, a send decodes only the new message (and the reply's header).
+    for i, step in enumerate(STEPS):
+        if step["op"] == "warm":
+            warmed, sent = cached["steps"][i], cached["steps"][i + 1]
+            assert warmed["decoded_tokens"] > 0 and sent["source"] == "live"
+            assert sent["reused_tokens"] == warmed["prompt_tokens"]
     _check_accounting(cached)
     _check_accounting(reference)
     assert all(s["reused_tokens"] in (0, None) for s in reference["steps"])
@@ -112,7 +120,7 @@ def test_every_reported_reuse_is_valid_for_the_memory_kind(
             run_step(session, step)
     finally:
         runtime.close()
-    assert len(seen) == sum(1 for s in STEPS if s["op"] in ("send", "edit", "regenerate"))
+    assert len(seen) == sum(1 for s in STEPS if s["op"] in ("send", "edit", "regenerate", "warm"))
     for live, canonical, pos_min, target, report in seen:
         if report.source is not Source.LIVE:
             continue
@@ -141,7 +149,7 @@ def test_replay_command_writes_a_report_and_exits_0(
     assert result.returncode == 0, result.stderr
     report = json.loads(out.read_text())
     assert report["cache"] == "none"
-    assert [s["op"] for s in report["steps"]] == ["send", "send", "send"]
+    assert [s["op"] for s in report["steps"]] == ["send", "send", "warm"]
     assert report["model"]["memory_kind"] == "dense"
     assert {"prefill_ms", "ttft_ms", "generated_tokens", "checkpoint_pos"} <= set(
         report["steps"][0]
@@ -172,12 +180,12 @@ def test_replay_export_step_writes_the_whole_tree(
     from engine.records import to_tree
 
     out = tmp_path / "session.arbor"
-    steps = [*STEPS[:6], {"op": "export", "path": str(out)}]
+    steps = [*STEPS[:7], {"op": "export", "path": str(out)}]  # a warm-up among them
     report = replay(parse_scenario(_scenario(tiny_models["recurrent"]) | {"steps": steps}))
     assert report["steps"][-1]["op"] == "export"
     (record,) = read_session(out).conversations
     tree = to_tree(record)
     assert len(tree) == 1 + 3 * 2 + 2 + 1 + 2  # root, 3 sends, an edit, a regeneration, an edit
-    texts = [s["text"] for s in report["steps"][:6]]
-    assert texts[5] in [n.text for n in tree.messages()]
+    texts = [s["text"] for s in report["steps"][:7]]
+    assert texts[6] in [n.text for n in tree.messages()]
     assert all(n.tokens for n in tree.nodes() if n.role.value == "assistant")

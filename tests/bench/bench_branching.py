@@ -45,8 +45,10 @@ def _paragraph(n_words: int, offset: int) -> str:
     return " ".join(WORDS[(offset + i) % len(WORDS)] for i in range(n_words))
 
 
-def scenario(model: str) -> dict[str, Any]:
-    """Three long user turns (~1,500 tokens in all), then the three branching operations."""
+def scenario(model: str, *, warm: bool = False) -> dict[str, Any]:
+    """Three long user turns (~1,500 tokens in all), then the three branching operations.
+    With `warm`, a warm-up (what the app does while the user reads or types) comes before
+    the third message and before the send after the switch; see WARMED for the indexes."""
     turns = [
         f"Summarise this passage in one line: {_paragraph(450, k * 7)}" for k in range(3)
     ]
@@ -60,6 +62,9 @@ def scenario(model: str) -> dict[str, Any]:
         {"op": "switch", "message": 0, "variant": 0},
         {"op": "send", "text": "Thanks. And the herons?", "max_tokens": MAX_TOKENS},
     ]
+    if warm:
+        steps.insert(7, {"op": "warm"})
+        steps.insert(2, {"op": "warm"})
     return {
         "model": model, "n_ctx": 4096, "n_batch": 512, "seed": 42,
         "sampling": {"temperature": 0.0}, "system": SYSTEM, "steps": steps,
@@ -67,15 +72,19 @@ def scenario(model: str) -> dict[str, Any]:
 
 
 MEASURED = {3: "edit the last user message", 4: "regenerate", 7: "switch back, then send"}
+# The same sends in the warmed scenario: step index there -> index in MEASURED (or -1).
+WARMED = {3: -1, 9: 7}
 
 
-def run_arbor(model: Path, cache: CacheMode) -> dict[int, dict[str, Any]]:
-    data = scenario(str(model))
+def run_arbor(model: Path, cache: CacheMode, *, warm: bool = False) -> dict[int, dict[str, Any]]:
+    data = scenario(str(model), warm=warm)
     report = replay(
         parse_scenario(data),
         cache=cache,
         runtime_settings=RuntimeSettings(n_ctx=4096, n_batch=512, n_threads=THREADS),
     )
+    if warm:
+        return {mine: report["steps"][i] for i, mine in WARMED.items()}
     return {i: report["steps"][i] for i in MEASURED} | {-1: report["steps"][2]}
 
 
@@ -141,6 +150,7 @@ def main() -> int:
             log.info("benchmarking %s", label)
             results[label] = {
                 "checkpoints": run_arbor(path, CacheMode.CHECKPOINTS),
+                "warmed": run_arbor(path, CacheMode.CHECKPOINTS, warm=True),
                 "none": run_arbor(path, CacheMode.NONE),
                 "plain": run_plain(path),
             }
@@ -155,17 +165,21 @@ def main() -> int:
 
 def render(results: dict[str, Any]) -> str:
     lines = [
-        "| model | operation | prompt tokens | Arbor: decoded / TTFT | full reprocess "
-        "(`--cache none`): decoded / TTFT | plain llama-cpp-python: TTFT |",
-        "|---|---|---|---|---|---|",
+        "| model | operation | prompt tokens | Arbor: decoded / TTFT | Arbor, warmed while "
+        "idle: decoded / TTFT | full reprocess (`--cache none`): decoded / TTFT "
+        "| plain llama-cpp-python: TTFT |",
+        "|---|---|---|---|---|---|---|",
     ]
     for label, r in results.items():
         rows = [(-1, "send the third long message"), *list(MEASURED.items())]
         for index, name in rows:
             a, n, p = r["checkpoints"][index], r["none"][index], r["plain"][index]
+            w = r["warmed"].get(index)
+            warmed = (f"{w['decoded_tokens']} / {w['ttft_ms'] / 1000:.2f} s" if w is not None
+                      else "—")
             lines.append(
                 f"| {label} | {name} | {a['prompt_tokens']} | {a['decoded_tokens']} / "
-                f"{a['ttft_ms'] / 1000:.2f} s | {n['decoded_tokens']} / "
+                f"{a['ttft_ms'] / 1000:.2f} s | {warmed} | {n['decoded_tokens']} / "
                 f"{n['ttft_ms'] / 1000:.2f} s | {p['ttft_ms'] / 1000:.2f} s |"
             )
     return "\n".join(lines) + "\n"
