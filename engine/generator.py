@@ -106,7 +106,9 @@ class Generator:
             return None
         if len(target) >= runtime.n_ctx:
             return None  # the real request will say so
-        return self._prepare(list(path), target, None, cancel, None)
+        report = self._prepare(list(path), target, None, cancel, None)
+        runtime.flush_capture()  # no reply follows: keep the branch's checkpoint now
+        return report
 
     def configure(self, *, sampling: SamplingParams, checkpoint_interval: int) -> None:
         self.sampling = sampling

@@ -139,12 +139,15 @@ class Runtime:
         self.n_batch = params.n_batch
         self._live: list[int] = []
         self._canonical = 0
+        # The prompt-end checkpoint, taken after the first token is sampled (see prepare).
+        self._pending_capture: Callable[[], None] | None = None
         log.info(
             "loaded %s: %s, memory %s, n_ctx %d, backend %s",
             model_path.name, self.model.description(), self.memory_kind, self.n_ctx, self.backend,
         )
 
     def close(self) -> None:
+        self._pending_capture = None
         self.ctx.close()
         self.model.close()
 
@@ -183,6 +186,7 @@ class Runtime:
         return self._canonical
 
     def clear(self) -> None:
+        self.flush_capture()
         self.ctx.clear()
         self._live = []
         self._canonical = 0
@@ -232,6 +236,7 @@ class Runtime:
 
     def restore(self, checkpoint: Checkpoint) -> bool:
         """Load a checkpoint and verify it. On any failure the sequence is cleared."""
+        self.flush_capture()
         self.clear()
         problem = self._load_and_verify(checkpoint)
         if problem is not None:
@@ -273,6 +278,11 @@ class Runtime:
     ) -> PrepareReport:
         """Bring the context to hold exactly `target`, with logits for its last token.
 
+        A checkpoint asked for at the very end of the target is taken later, by
+        `flush_capture`: `generate` calls it once the first token is sampled (sampling reads
+        the logits and leaves the cache as it is), so copying the cache costs no time to the
+        first token. Anything that changes the context flushes it first.
+
         Candidates are the live cache and every checkpoint whose tokens are a prefix of the
         target leaving at least MIN_TAIL tokens; the one that leaves the least to decode
         wins (ties go to the live cache). Every restore is verified; a failed one is
@@ -280,6 +290,7 @@ class Runtime:
         the state is captured after each position in `save_at` and passed to
         `on_checkpoint`.
         """
+        self.flush_capture()
         target = list(target)
         if len(target) < MIN_TAIL:
             raise ValueError(f"a prompt needs at least {MIN_TAIL} tokens")
@@ -374,7 +385,10 @@ class Runtime:
                 self._canonical = len(self._live)
                 position = end
                 if end in saves and on_checkpoint is not None:
-                    on_checkpoint(self.capture())
+                    if end == len(target):
+                        self._pending_capture = self._capture_into(on_checkpoint)
+                    else:
+                        on_checkpoint(self.capture())
                 if on_progress:
                     on_progress(end - start, total)
         except ArborError:
@@ -384,6 +398,23 @@ class Runtime:
             raise
         finally:
             self.ctx.arm_abort(None)
+
+    def _capture_into(self, keep: Callable[[Checkpoint], None]) -> Callable[[], None]:
+        held = len(self._live)
+
+        def capture() -> None:
+            if len(self._live) == held and self._canonical == held:
+                keep(self.capture())
+            else:  # cannot happen while every change flushes first; never save a wrong state
+                log.warning("deferred checkpoint dropped: the context changed before it")
+
+        return capture
+
+    def flush_capture(self) -> None:
+        """Take the deferred prompt-end checkpoint now, if one is waiting."""
+        pending, self._pending_capture = self._pending_capture, None
+        if pending is not None:
+            pending()
 
     def _resync_after_abort(self, target: Sequence[int]) -> None:
         """After an aborted decode, make `live_tokens` match what the cache still holds."""
@@ -441,12 +472,14 @@ class Runtime:
                 if len(self._live) + 1 >= self.n_ctx:
                     finish = FinishReason.CONTEXT_FULL
                     break
+                self.flush_capture()  # after the first token is out, before the cache moves
                 # One token per decode; cancellation is checked between tokens, so the abort
                 # callback stays disarmed and the cache never holds a half-decoded token.
                 self.ctx.decode([token], len(self._live))
                 self._live.append(token)
         finally:
             sampler.close()
+            self.flush_capture()  # a reply that ended before its first decode
         pieces.append(decoder.decode(b"", final=True))
         return Generation(
             tokens=tuple(tokens),

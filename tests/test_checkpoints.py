@@ -376,3 +376,43 @@ def test_deleting_a_branch_frees_its_checkpoints(
     session.delete_branch(second_user)
     assert all(c.node_id != second_user for c in store.all())
     assert len(store) == session.checkpoints.stats().count  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("kind", ALL_KINDS, ids=lambda k: k.value)
+def test_the_prompt_end_checkpoint_is_taken_after_the_first_token_and_is_exact(
+    kind: MemoryKind, tiny_models: dict[str, Path], make_runtime: RuntimeFactory
+) -> None:
+    """Copying the cache at the prompt's end would delay the first token; it waits until the
+    first token is sampled, and still holds exactly the prompt."""
+    runtime = make_runtime(tiny_models[kind.value], n_ctx=512, n_batch=16)
+    target = random_tokens(60, seed=3)
+    events: list[str] = []
+    saved: list[Checkpoint] = []
+
+    def keep(checkpoint: Checkpoint) -> None:
+        events.append(f"checkpoint {checkpoint.n_tokens}")
+        saved.append(checkpoint)
+
+    runtime.prepare(target, save_at=[32, 60], on_checkpoint=keep)
+    assert events == ["checkpoint 32"]  # the one inside the prompt is taken at once
+    runtime.generate(max_tokens=3, sampling=GREEDY, seed=1,
+                     on_token=lambda token, _piece: events.append(f"token {token}"))
+    assert events[0] == "checkpoint 32" and events[1].startswith("token ")
+    assert events[2] == "checkpoint 60" and len(events) == 5
+    assert saved[-1].tokens == tuple(target)
+    assert runtime.restore(saved[-1])
+    runtime.prepare(target, checkpoints=[saved[-1]])  # decodes the last MIN_TAIL tokens
+    _assert_same_as_full_decode(runtime, target)
+
+
+def test_a_deferred_checkpoint_is_kept_when_no_reply_follows(
+    tiny_models: dict[str, Path], make_runtime: RuntimeFactory
+) -> None:
+    runtime = make_runtime(tiny_models["recurrent"], n_ctx=512, n_batch=16)
+    target = random_tokens(40, seed=5)
+    saved: list[Checkpoint] = []
+    runtime.prepare(target, save_at=[40], on_checkpoint=saved.append)
+    assert saved == []
+    runtime.prepare([*target, 7, 8, 9], save_at=[], on_checkpoint=saved.append)
+    assert [c.n_tokens for c in saved] == [40]  # flushed before the context moved on
+    assert saved[0].tokens == tuple(target)
