@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
+from PySide6.QtCore import Qt
 from PySide6.QtGui import QKeySequence
 from pytestqt.qtbot import QtBot
 
@@ -180,3 +181,52 @@ def test_the_system_prompt_is_per_conversation_and_saved(
     assert window.store.load(first or 0).root.text == "Answer in French."
     _send(qtbot, window, "Hello")
     assert window.tree.root.tokens  # rendered with the new text for this reply
+
+
+def _long_replies(window: MainWindow) -> None:
+    window.apply_settings(replace(window.settings, max_tokens=2048))
+
+
+def test_a_reply_streams_into_its_own_conversation_while_another_is_open(
+    qtbot: QtBot, window: MainWindow
+) -> None:
+    _send(qtbot, window, "Hello")
+    first = window.current or 0
+    _long_replies(window)
+    window.composer.setPlainText("Tell me a long story")
+    with qtbot.waitSignal(window.text_shown, timeout=TIMEOUT):
+        qtbot.keyClick(window.composer, Qt.Key.Key_Return)
+    window.new_conversation()  # browse elsewhere while it answers
+    second = window.current
+    assert second != first and window.chat.model().rowCount() == 0
+    marked = [window.sidebar.list.item(i).text() for i in range(window.sidebar.list.count())]
+    assert any(text.endswith("●") for text in marked)  # the answering one is marked
+    window.stop()
+    qtbot.waitUntil(lambda: window._streaming is None, timeout=TIMEOUT)
+    assert window.current == second and window.chat.model().rowCount() == 0
+    reply = window.trees[first].node(window.trees[first].active_leaf)
+    assert reply.role is Role.ASSISTANT and reply.text
+    assert window.store.load(first).node(reply.id).text == reply.text
+    marked = [window.sidebar.list.item(i).text() for i in range(window.sidebar.list.count())]
+    assert not any(text.endswith("●") for text in marked)
+
+
+def test_an_edit_sent_during_a_reply_stops_it_and_is_answered(
+    qtbot: QtBot, window: MainWindow
+) -> None:
+    _send(qtbot, window, "First question")
+    _long_replies(window)
+    window.composer.setPlainText("Second question, with a long answer")
+    with qtbot.waitSignal(window.text_shown, timeout=TIMEOUT):
+        qtbot.keyClick(window.composer, Qt.Key.Key_Return)
+    interrupted = window.tree.node(window.tree.active_leaf)
+    first = window.tree.message(0)
+    window.apply_settings(replace(window.settings, max_tokens=16))
+    with qtbot.waitSignal(window.reply_finished, timeout=TIMEOUT):
+        window.edit(first.id, "First question, edited")  # not lost, not refused
+    qtbot.waitUntil(lambda: window._streaming is None, timeout=TIMEOUT)
+    assert interrupted.status.value == "interrupted"
+    tree = window.tree
+    assert tree.message(0).text == "First question, edited"
+    assert tree.siblings(tree.message(0).id) == [first.id, tree.message(0).id]
+    assert tree.message(1).role is Role.ASSISTANT and tree.message(1).text
