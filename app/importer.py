@@ -24,6 +24,7 @@ from pathlib import Path
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
+from engine.checkpoints import Identity
 from engine.errors import ArborError, Cancelled
 from engine.transfer import ParsedImport, parse_import
 
@@ -50,17 +51,19 @@ class _ParseThread(QThread):
     """Runs one parse. The outcome is left in attributes and read by the GUI thread after
     `finished` and `wait()`, so the QThread object is never dropped while it still runs."""
 
-    def __init__(self, path: Path, cancel: threading.Event) -> None:
+    def __init__(self, path: Path, cancel: threading.Event,
+                 identity: Identity | None = None) -> None:
         super().__init__()
         self.setObjectName("arbor-import")
         self.path = path
         self.cancel = cancel
+        self.identity = identity
         self.outcome: ParsedFile | RejectedFile | None = None
 
     def run(self) -> None:
         try:
             # Looked up at call time (not bound at import) so tests can wrap it.
-            contents = parse_import(self.path, cancel=self.cancel)
+            contents = parse_import(self.path, identity=self.identity, cancel=self.cancel)
         except Cancelled:
             return  # abandoned by shutdown: nobody wants an outcome
         except ArborError as exc:
@@ -94,12 +97,13 @@ class Importer(QObject):
     def current_path(self) -> Path | None:
         return self._thread.path if self._thread is not None else None
 
-    def start(self, path: Path) -> bool:
+    def start(self, path: Path, identity: Identity | None = None) -> bool:
         """Read `path` in the background; False (nothing started) while another import runs
-        or after shutdown."""
+        or after shutdown. Session-file checkpoints are kept when they match `identity`
+        (the loaded model's context)."""
         if self._closed or self._thread is not None:
             return False
-        thread = _ParseThread(path, threading.Event())
+        thread = _ParseThread(path, threading.Event(), identity)
         # The thread object lives on the GUI thread, so `finished` (emitted by the parse
         # thread as it ends) is delivered here through the event loop.
         thread.finished.connect(self._on_finished)

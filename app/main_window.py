@@ -38,6 +38,9 @@ from app.composer import Composer
 from app.icons import icon
 from app.importer import Importer, ParsedFile, RejectedFile
 from app.messages import (
+    AdoptCheckpoints,
+    ExportDone,
+    ExportRequest,
     Failed,
     GenerateRequest,
     LoadProgress,
@@ -60,6 +63,7 @@ from app.tree_panel import TreePanel, panel_nodes_from_tree
 from app.worker import EngineWorker
 from engine.errors import ArborError
 from engine.paths import data_dirs
+from engine.records import ConversationRecord
 from engine.settings import Effect, Settings, SettingsError, effect_of, load_settings, save_settings
 from engine.store import Store, StoreSink
 from engine.transfer import FileFormat, commit_import, export_file
@@ -94,6 +98,8 @@ class MainWindow(QMainWindow):
     request_forget = Signal(object)
     request_configure = Signal(object)
     request_warm = Signal(object)
+    request_export = Signal(object)
+    request_adopt = Signal(object)
     # Emitted on the GUI thread once a worker result is applied (tests and other widgets
     # wait on these, never on the worker's own signals, which fire on the engine thread).
     reply_finished = Signal()
@@ -103,6 +109,7 @@ class MainWindow(QMainWindow):
     warmed = Signal(object)  # Warmed, once applied
     settings_applied = Signal()
     import_finished = Signal(object)  # list[int]: the new conversations, [] on failure
+    export_finished = Signal(object)  # ExportDone
 
     def __init__(
         self,
@@ -158,6 +165,9 @@ class MainWindow(QMainWindow):
         self.request_forget.connect(self.worker.forget)
         self.request_configure.connect(self.worker.configure)
         self.request_warm.connect(self.worker.warm)
+        self.request_export.connect(self.worker.export_session)
+        self.request_adopt.connect(self.worker.adopt)
+        self.worker.exported.connect(self._on_exported)
         self.worker.load_progress.connect(self._on_load_progress)
         self.worker.planned.connect(self._on_plan)
         self.worker.warmed.connect(self._on_warmed)
@@ -1030,7 +1040,8 @@ class MainWindow(QMainWindow):
             self.statusBar().showMessage(
                 f"Still reading {current.name}; import {path.name} once it is done.", 6000)
             return False
-        if not self.importer.start(path):
+        identity = self._model.identity if self._model is not None else None
+        if not self.importer.start(path, identity):
             return False
         self.statusBar().showMessage(f"Reading {path.name}…")
         return True
@@ -1050,7 +1061,17 @@ class MainWindow(QMainWindow):
         self._refresh_sidebar()
         if result.conversation_ids:
             self.open_conversation(result.conversation_ids[0])
-        self.statusBar().showMessage(f"Imported {len(result.conversation_ids)} conversations.")
+        carried = parsed.contents.checkpoints
+        note = ""
+        if carried:  # verified against the loaded model's identity while parsing
+            self.request_adopt.emit(AdoptCheckpoints(
+                carried[0].identity, tuple(item.checkpoint for item in carried)))
+            note = f" with {len(carried)} checkpoints"
+        elif parsed.contents.dropped_checkpoints:
+            note = (f"; its {parsed.contents.dropped_checkpoints} checkpoints were made for "
+                    "another model or context and were left out")
+        self.statusBar().showMessage(
+            f"Imported {len(result.conversation_ids)} conversations{note}.")
         self.import_finished.emit(result.conversation_ids)
 
     @Slot(object)
@@ -1067,9 +1088,32 @@ class MainWindow(QMainWindow):
                   FileFormat.MARKDOWN: "md", FileFormat.OPENAI: "json"}[fmt]
         path, _ = QFileDialog.getSaveFileName(self, "Export", f"conversation.{suffix}")
         if path:
-            cid = self.current
-            if self._guard(lambda: export_file(self.store, [cid], Path(path), fmt)) is not False:
-                self.statusBar().showMessage(f"Exported to {path}.", 6000)
+            self.export_current(Path(path), fmt)
+
+    def export_current(self, path: Path, fmt: FileFormat) -> None:
+        """A session file is written on the engine thread, with the conversation's
+        checkpoints (`export_finished` follows); the other formats are written here."""
+        if self.current is None:
+            return
+        cid = self.current
+        if fmt is FileFormat.NATIVE:
+            record = self._guard(lambda: self.store.record(cid))
+            if isinstance(record, ConversationRecord):
+                self.statusBar().showMessage(f"Writing {path.name}…")
+                self.request_export.emit(ExportRequest(str(path), cid, (record,)))
+            return
+        if self._guard(lambda: export_file(self.store, [cid], path, fmt)) is not False:
+            self.statusBar().showMessage(f"Exported to {path}.", 6000)
+
+    @Slot(object)
+    def _on_exported(self, done: ExportDone) -> None:
+        name = Path(done.path).name
+        if done.error is not None:
+            QMessageBox.warning(self, "Arbor", f"{name} was not exported: {done.error}")
+        else:
+            self.statusBar().showMessage(
+                f"Exported to {done.path} with {done.checkpoints} checkpoints.", 6000)
+        self.export_finished.emit(done)
 
     # --- lifetime ----------------------------------------------------------------------------
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from engine.checkpoints import Checkpoint, Identity
+from engine.records import ConversationRecord
 from engine.settings import Settings
 from engine.tree import Node, Role
 
@@ -95,6 +97,7 @@ class ModelLoaded:
     backend: str
     n_ctx: int
     notices: tuple[str, ...]
+    identity: Identity | None = None  # what a checkpoint must match to load in this context
 
 
 @dataclass(frozen=True)
@@ -150,3 +153,27 @@ class StoreUsage:
     disk_bytes: int
     ram_budget: int
     nodes: tuple[tuple[int, str], ...]  # node id -> "ram" | "disk"
+
+
+@dataclass(frozen=True)
+class ExportRequest:
+    """Write a session file with the conversation and the engine's checkpoints for it."""
+
+    path: str
+    conversation_id: int
+    records: tuple[ConversationRecord, ...]
+
+
+@dataclass(frozen=True)
+class ExportDone:
+    path: str
+    checkpoints: int
+    error: str | None  # None: written
+
+
+@dataclass(frozen=True)
+class AdoptCheckpoints:
+    """Checkpoints read from an imported session file (verified against `identity`)."""
+
+    identity: Identity
+    checkpoints: tuple[Checkpoint, ...]

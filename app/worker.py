@@ -12,11 +12,15 @@ from __future__ import annotations
 
 import logging
 import threading
+from dataclasses import replace
 from pathlib import Path
 
 from PySide6.QtCore import QObject, Signal, Slot
 
 from app.messages import (
+    AdoptCheckpoints,
+    ExportDone,
+    ExportRequest,
     Failed,
     GenerateRequest,
     LoadProgress,
@@ -32,6 +36,7 @@ from app.messages import (
 )
 from engine.checkpoints import CheckpointStore
 from engine.errors import ArborError, Cancelled
+from engine.formats.native import SessionCheckpoint, write_session
 from engine.generator import Generator
 from engine.paths import data_dirs
 from engine.runtime import Runtime, Source
@@ -54,6 +59,7 @@ class EngineWorker(QObject):
     usage = Signal(object)  # StoreUsage
     planned = Signal(object)  # Plan
     warmed = Signal(object)  # Warmed
+    exported = Signal(object)  # ExportDone
 
     def __init__(self) -> None:
         super().__init__()
@@ -114,6 +120,7 @@ class EngineWorker(QObject):
                 backend=runtime.backend,
                 n_ctx=runtime.n_ctx,
                 notices=tuple(runtime.notices),
+                identity=runtime.identity(),
             )
         )
         self._emit_usage()
@@ -233,6 +240,44 @@ class EngineWorker(QObject):
             )
         )
         generator.after_reply()
+        self._emit_usage()
+
+    @Slot(object)
+    def export_session(self, request: ExportRequest) -> None:
+        """Write the session file here: the checkpoints live on this thread, and a file of
+        a few hundred MiB should not hold the GUI. Only this conversation's checkpoints go
+        (global node ids carry the conversation), read back from disk where spilled."""
+        generator = self._generator
+        items: list[SessionCheckpoint] = []
+        if generator is not None and generator.checkpoints is not None:
+            store = generator.checkpoints
+            for checkpoint in store.all():
+                node = checkpoint.node_id
+                if node is None or node >> 32 != request.conversation_id:
+                    continue
+                loaded = store.fetch(checkpoint)
+                if loaded is not None and loaded.blob is not None:
+                    items.append(SessionCheckpoint(0, loaded, store.identity))
+        try:
+            write_session(Path(request.path), list(request.records), items)
+        except (ArborError, OSError) as exc:
+            message = exc.strerror if isinstance(exc, OSError) else str(exc)
+            self.exported.emit(ExportDone(request.path, 0, f"it could not be written: {message}"))
+            return
+        self.exported.emit(ExportDone(request.path, len(items), None))
+
+    @Slot(object)
+    def adopt(self, request: AdoptCheckpoints) -> None:
+        """Checkpoints from an imported session file: kept if they fit this context. Keyed
+        by their tokens, they serve the imported conversation without any id mapping."""
+        generator = self._generator
+        store = generator.checkpoints if generator is not None else None
+        if store is None or store.identity != request.identity:
+            log.info("imported checkpoints do not fit the loaded model; not kept")
+            return
+        for checkpoint in request.checkpoints:
+            store.add(replace(checkpoint, node_id=None))
+        store.enforce_budget()
         self._emit_usage()
 
     @Slot(object)

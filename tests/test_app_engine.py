@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import threading
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtGui import QKeySequence
 from pytestqt.qtbot import QtBot
@@ -14,8 +16,10 @@ from app.messages import Warmed
 from app.model_picker import Column, ModelPicker
 from app.settings_dialog import SettingsDialog
 from engine.llama import FlashAttention
+from engine.paths import data_dirs
 from engine.settings import Effect, Settings, load_settings
 from engine.store import Store
+from engine.transfer import FileFormat
 from engine.tree import Role
 from tests.app_fixtures import TIMEOUT
 from tests.app_fixtures import send as _send
@@ -230,3 +234,50 @@ def test_an_edit_sent_during_a_reply_stops_it_and_is_answered(
     assert tree.message(0).text == "First question, edited"
     assert tree.siblings(tree.message(0).id) == [first.id, tree.message(0).id]
     assert tree.message(1).role is Role.ASSISTANT and tree.message(1).text
+
+
+def test_a_session_file_carries_its_checkpoints_to_another_installation(
+    qtbot: QtBot, window: MainWindow, tiny_models: dict[str, Path], tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch, engine_calls: list[int],
+) -> None:
+    """Export with checkpoints on one machine, import on a fresh one: the first reply there
+    restores the imported state instead of reading the conversation from the start."""
+    _send(qtbot, window, "Tell me about rivers, at length, please.")
+    _wait_warm(qtbot, window)
+    out = tmp_path / "rivers.arbor"
+    with qtbot.waitSignal(window.export_finished, timeout=TIMEOUT) as exported:
+        window.export_current(out, FileFormat.NATIVE)
+    done = exported.args[0]
+    assert done.error is None and done.checkpoints >= 1
+    texts = [n.text for n in window.tree.messages()]
+
+    # Another installation: its own home (no checkpoints, another session key is fine for
+    # the tree but not for the checkpoints' tag, so the key travels as the user's would).
+    key = (data_dirs().config / "session-key").read_bytes()
+    other_home = tmp_path / "other-home"
+    monkeypatch.setenv("ARBOR_HOME", str(other_home))
+    (other_home / "config").mkdir(parents=True)
+    (other_home / "config" / "session-key").write_bytes(key)
+    other = MainWindow(store=Store(other_home / "c.db"), settings=window.settings)
+    qtbot.addWidget(other)
+    with qtbot.waitSignal(other.model_ready, timeout=TIMEOUT):
+        other.load_model(str(tiny_models["dense"]))
+    with qtbot.waitSignal(other.import_finished, timeout=TIMEOUT) as imported:
+        other.import_path(out)
+    assert len(imported.args[0]) == 1
+    assert "with " in other.statusBar().currentMessage()
+    assert [n.text for n in other.tree.messages()] == texts
+    other.new_conversation()  # keep the warm-up away from the imported branch
+    other.open_conversation(imported.args[0][0])
+    other._warm_timer.stop()
+    other.worker.preempt()
+    before = sum(len(n.tokens or ()) for n in other.tree.active_path())
+    assert before > 0
+    _send(qtbot, other, "And lakes?")
+    assert other.last_reply is not None and other.last_reply.source == "checkpoint"
+    assert other.last_reply.reused_tokens == before  # the whole imported branch
+    other.close()
+    # The second window's engine thread is its own; the fixture checks the first one's.
+    ident = other.worker.engine_thread_ident
+    assert ident is not None and ident != threading.get_ident() and ident in engine_calls
+    engine_calls[:] = [call for call in engine_calls if call != ident]
