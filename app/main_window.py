@@ -33,7 +33,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.chat_view import ChatView, rows_from_tree
+from app.chat_model import rows_from_tree
+from app.chat_view import ChatView
 from app.composer import Composer
 from app.icons import icon
 from app.importer import Importer, ParsedFile, RejectedFile

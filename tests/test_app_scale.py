@@ -18,9 +18,9 @@ from PySide6.QtCore import QModelIndex, QPoint
 from PySide6.QtWidgets import QApplication, QWidget
 from pytestqt.qtbot import QtBot
 
-from app import chat_view
-from app.chat_view import MessageDelegate
+from app import message_delegate
 from app.main_window import MainWindow
+from app.message_delegate import MessageDelegate
 from engine.store import Store
 from engine.tree import Role, Tree
 
@@ -34,7 +34,7 @@ VARIANT_EVERY = 10  # every tenth user message has a second version (with its ow
 def counts(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
     seen = {"paint": 0, "size": 0, "layout": 0}
     paint, size = MessageDelegate.paint, MessageDelegate.sizeHint
-    shade = chat_view._shade_code
+    shade = message_delegate._shade_code
 
     def counted_layout(doc: Any) -> None:  # runs once per Markdown document built
         seen["layout"] += 1
@@ -50,7 +50,7 @@ def counts(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
 
     monkeypatch.setattr(MessageDelegate, "paint", counted_paint)
     monkeypatch.setattr(MessageDelegate, "sizeHint", counted_size)
-    monkeypatch.setattr(chat_view, "_shade_code", counted_layout)
+    monkeypatch.setattr(message_delegate, "_shade_code", counted_layout)
     return seen
 
 

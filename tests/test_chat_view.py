@@ -12,15 +12,10 @@ from PySide6.QtGui import QFocusEvent, QFont, QGuiApplication, QTextCursor
 from PySide6.QtWidgets import QAbstractItemView, QApplication, QLabel, QPlainTextEdit, QWidget
 from pytestqt.qtbot import QtBot
 
-from app.chat_view import (
-    ChatModel,
-    ChatRole,
-    ChatView,
-    MessageDelegate,
-    MessageEditor,
-    MessageRow,
-    rows_from_tree,
-)
+from app.chat_model import ChatModel, ChatRole, MessageRow, rows_from_tree
+from app.chat_view import ChatView
+from app.message_delegate import MessageDelegate
+from app.message_editor import MessageEditor
 from engine.tree import NodeStatus, Role, Tree
 
 log = logging.getLogger(__name__)

@@ -14,7 +14,8 @@ from PySide6.QtWidgets import QApplication, QStyle, QStyleOptionViewItem, QWidge
 from pytestqt.qtbot import QtBot
 
 from app import theme
-from app.chat_view import ChatModel, ChatView, MessageDelegate, MessageRow
+from app.chat_model import ChatModel, MessageRow
+from app.chat_view import ChatView
 from app.icons import (
     ICON_SCALES,
     ICON_SIZES,
@@ -26,6 +27,7 @@ from app.icons import (
     icon_names,
     icon_path,
 )
+from app.message_delegate import MessageDelegate
 from app.theme import (
     MIN_TEXT_CONTRAST,
     ThemeChoice,

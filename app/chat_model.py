@@ -1,0 +1,274 @@
+"""The chat view's rows and model: the active path of a conversation tree as immutable rows.
+
+`ChatModel` holds immutable `MessageRow` snapshots (built with `rows_from_tree`) and never
+touches a live `Tree`, so the tree may belong to another thread. `set_rows` diffs the new
+snapshot against the old one and emits the smallest change (dataChanged / a removed tail /
+an inserted tail); `update_text` grows a streaming reply in place.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Any
+
+from PySide6.QtCore import (
+    QAbstractListModel,
+    QByteArray,
+    QModelIndex,
+    QObject,
+    QPersistentModelIndex,
+    Qt,
+)
+
+from engine.tree import Tree
+
+log = logging.getLogger(__name__)
+
+ModelIndex = QModelIndex | QPersistentModelIndex
+
+USER = "user"
+ASSISTANT = "assistant"
+COMPLETE = "complete"
+STREAMING = "streaming"
+INTERRUPTED = "interrupted"
+
+
+# --- the rows ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class MessageRow:
+    """An immutable snapshot of one message of the active path."""
+
+    node_id: int
+    role: str  # "user" | "assistant"
+    text: str
+    status: str  # "complete" | "streaming" | "interrupted"
+    variant: int  # 0-based index among its siblings
+    variants: int  # number of siblings, itself included
+    checkpoint: str | None = None
+
+
+def rows_from_tree(tree: Tree, checkpoints: Mapping[int, str] | None = None) -> list[MessageRow]:
+    """Snapshot the tree's active path (system root excluded) as rows for `ChatModel`.
+
+    `checkpoints` maps node ids to a checkpoint label shown on that message. Call this on the
+    thread that owns the tree and hand the (immutable) result to the GUI thread.
+    """
+    rows: list[MessageRow] = []
+    marks = checkpoints or {}
+    for node in tree.messages():
+        siblings = tree.siblings(node.id)
+        rows.append(
+            MessageRow(
+                node_id=node.id,
+                role=str(node.role.value),
+                text=node.text,
+                status=str(node.status.value),
+                variant=siblings.index(node.id),
+                variants=len(siblings),
+                checkpoint=marks.get(node.id),
+            )
+        )
+    return rows
+
+
+# --- the model ---------------------------------------------------------------------------
+
+
+class ChatRole(IntEnum):
+    """The model's custom item data roles."""
+
+    NodeIdRole = Qt.ItemDataRole.UserRole + 1
+    RoleRole = Qt.ItemDataRole.UserRole + 2
+    TextRole = Qt.ItemDataRole.UserRole + 3
+    StatusRole = Qt.ItemDataRole.UserRole + 4
+    VariantRole = Qt.ItemDataRole.UserRole + 5
+    VariantsRole = Qt.ItemDataRole.UserRole + 6
+    CheckpointRole = Qt.ItemDataRole.UserRole + 7
+
+
+_ROLE_FIELDS: dict[int, str] = {
+    ChatRole.NodeIdRole: "node_id",
+    ChatRole.RoleRole: "role",
+    ChatRole.TextRole: "text",
+    ChatRole.StatusRole: "status",
+    ChatRole.VariantRole: "variant",
+    ChatRole.VariantsRole: "variants",
+    ChatRole.CheckpointRole: "checkpoint",
+}
+
+_ROLE_NAMES: dict[int, bytes] = {
+    ChatRole.NodeIdRole: b"nodeId",
+    ChatRole.RoleRole: b"role",
+    ChatRole.TextRole: b"text",
+    ChatRole.StatusRole: b"status",
+    ChatRole.VariantRole: b"variant",
+    ChatRole.VariantsRole: b"variants",
+    ChatRole.CheckpointRole: b"checkpoint",
+}
+
+_DISPLAY = int(Qt.ItemDataRole.DisplayRole)
+_ACCESSIBLE = int(Qt.ItemDataRole.AccessibleTextRole)
+
+
+def _changed_roles(old: MessageRow, new: MessageRow) -> list[int]:
+    roles = [
+        role for role, name in _ROLE_FIELDS.items() if getattr(old, name) != getattr(new, name)
+    ]
+    if old.text != new.text:
+        roles += [_DISPLAY, _ACCESSIBLE]
+    elif old.role != new.role:
+        roles.append(_ACCESSIBLE)
+    return roles
+
+
+class ChatModel(QAbstractListModel):
+    """One row per message of the active path, fed with immutable `MessageRow` snapshots."""
+
+    Roles = ChatRole
+
+    def __init__(self, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self._rows: list[MessageRow] = []
+        self._index: dict[int, int] = {}
+
+    # --- Qt's model interface ----------------------------------------------------------
+
+    def rowCount(self, parent: ModelIndex = QModelIndex()) -> int:  # noqa: B008
+        """The number of messages; items have no children."""
+        return 0 if parent.isValid() else len(self._rows)
+
+    def data(self, index: ModelIndex, role: int = Qt.ItemDataRole.DisplayRole) -> Any:
+        """The row's field for a `ChatRole`, its text for DisplayRole, None otherwise."""
+        if not index.isValid() or index.column() != 0 or not 0 <= index.row() < len(self._rows):
+            return None
+        row = self._rows[index.row()]
+        role = int(role)
+        if role == _DISPLAY:
+            return row.text
+        if role == _ACCESSIBLE:
+            return f"{row.role}: {row.text}"
+        name = _ROLE_FIELDS.get(role)
+        return None if name is None else getattr(row, name)
+
+    def flags(self, index: ModelIndex) -> Qt.ItemFlag:
+        """Messages are selectable, enabled, never editable in place, never parents."""
+        if not index.isValid():
+            return Qt.ItemFlag.NoItemFlags
+        return (
+            Qt.ItemFlag.ItemIsEnabled
+            | Qt.ItemFlag.ItemIsSelectable
+            | Qt.ItemFlag.ItemNeverHasChildren
+        )
+
+    def roleNames(self) -> dict[int, QByteArray]:
+        """Qt's default role names plus the `ChatRole` ones (for QML or debugging)."""
+        names = dict(super().roleNames())
+        names.update({role: QByteArray(name) for role, name in _ROLE_NAMES.items()})
+        return names
+
+    # --- Arbor's interface -------------------------------------------------------------
+
+    def rows(self) -> list[MessageRow]:
+        """A copy of the current rows."""
+        return list(self._rows)
+
+    def row_at(self, row: int) -> MessageRow:
+        """The snapshot shown at `row` (IndexError when out of range)."""
+        if not 0 <= row < len(self._rows):
+            raise IndexError(f"row {row} out of range (the model has {len(self._rows)} rows)")
+        return self._rows[row]
+
+    def row_of(self, node_id: int) -> int | None:
+        """The row showing `node_id`, or None when it is not on the shown path."""
+        return self._index.get(node_id)
+
+    def set_rows(self, rows: Sequence[MessageRow]) -> None:
+        """Show `rows`, emitting the smallest change against what is shown now.
+
+        Rows are matched by node id from the top: the common prefix keeps its rows (each one
+        whose fields changed gets a dataChanged with the changed roles), the old tail after it
+        is removed and the new tail inserted. A full reset happens only when nothing is
+        shared (another conversation), since then one reset is cheaper than two big moves.
+        """
+        new = list(rows)
+        old = self._rows
+        shared = min(len(old), len(new))
+        prefix = 0
+        while prefix < shared and old[prefix].node_id == new[prefix].node_id:
+            prefix += 1
+        if prefix == 0 and old and new:
+            self.beginResetModel()
+            self._rows = new
+            self._reindex()
+            self.endResetModel()
+            return
+        changes: list[tuple[int, list[int]]] = []
+        for i in range(prefix):
+            if old[i] is not new[i] and old[i] != new[i]:
+                changes.append((i, _changed_roles(old[i], new[i])))
+                old[i] = new[i]
+        self._emit_changes(changes)
+        if prefix < len(old):
+            self.beginRemoveRows(QModelIndex(), prefix, len(old) - 1)
+            for gone in old[prefix:]:
+                self._index.pop(gone.node_id, None)
+            del old[prefix:]
+            self.endRemoveRows()
+        if prefix < len(new):
+            self.beginInsertRows(QModelIndex(), prefix, len(new) - 1)
+            for i in range(prefix, len(new)):
+                old.append(new[i])
+                self._index[new[i].node_id] = i
+            self.endInsertRows()
+
+    def update_text(self, node_id: int, text: str, status: str = STREAMING) -> bool:
+        """Replace one message's text and status (a streaming reply growing).
+
+        Emits dataChanged for that row only, with the roles that changed. Returns False (and
+        changes nothing) when the node is not shown.
+        """
+        row = self._index.get(node_id)
+        if row is None:
+            log.debug("update_text for node %s, which is not shown", node_id)
+            return False
+        old = self._rows[row]
+        if old.text == text and old.status == status:
+            return True
+        new = MessageRow(
+            node_id=old.node_id,
+            role=old.role,
+            text=text,
+            status=str(status),
+            variant=old.variant,
+            variants=old.variants,
+            checkpoint=old.checkpoint,
+        )
+        self._rows[row] = new
+        self._emit_changes([(row, _changed_roles(old, new))])
+        return True
+
+    def clear(self) -> None:
+        """Show nothing."""
+        self.set_rows([])
+
+    def _emit_changes(self, changes: list[tuple[int, list[int]]]) -> None:
+        """dataChanged per run of consecutive changed rows, with the union of their roles."""
+        start = 0
+        while start < len(changes):
+            end = start
+            roles = set(changes[start][1])
+            while end + 1 < len(changes) and changes[end + 1][0] == changes[end][0] + 1:
+                end += 1
+                roles.update(changes[end][1])
+            top = self.index(changes[start][0], 0)
+            bottom = self.index(changes[end][0], 0)
+            self.dataChanged.emit(top, bottom, sorted(roles))
+            start = end + 1
+
+    def _reindex(self) -> None:
+        self._index = {row.node_id: i for i, row in enumerate(self._rows)}

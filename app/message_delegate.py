@@ -1,0 +1,655 @@
+"""The chat view's delegate: each message painted as a bubble with Markdown text.
+
+`MessageDelegate` paints each row as a bubble with Markdown text. Laid-out documents live in a
+bounded LRU cache keyed by (node id, text hash, width), shared by `sizeHint` and `paint`; row
+heights have their own (much larger, tiny-entry) cache because `QListView` asks every row for
+its size on each relayout, which would otherwise thrash the document cache on long
+conversations. It also makes the in-place `MessageEditor` for the one message being edited.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from PySide6.QtCore import (
+    QAbstractItemModel,
+    QEvent,
+    QModelIndex,
+    QObject,
+    QPersistentModelIndex,
+    QPoint,
+    QPointF,
+    QRect,
+    QRectF,
+    QSize,
+    Qt,
+    Signal,
+    Slot,
+)
+from PySide6.QtGui import (
+    QAbstractTextDocumentLayout,
+    QColor,
+    QFont,
+    QFontMetrics,
+    QMouseEvent,
+    QPainter,
+    QPalette,
+    QPen,
+    QTextCharFormat,
+    QTextCursor,
+    QTextDocument,
+    QTextFormat,
+    QTextOption,
+)
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QApplication,
+    QStyle,
+    QStyledItemDelegate,
+    QStyleOptionViewItem,
+    QWidget,
+)
+
+from app.chat_model import (
+    ASSISTANT,
+    COMPLETE,
+    INTERRUPTED,
+    STREAMING,
+    USER,
+    ChatModel,
+    ChatRole,
+    MessageRow,
+    ModelIndex,
+)
+from app.message_editor import MessageEditor
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Editing:
+    """The delegate's note of the message being edited (at most one)."""
+
+    node_id: int
+    index: QPersistentModelIndex
+    height: int  # what the editor wants, before the cap
+
+
+def _mix(a: QColor, b: QColor, amount: float) -> QColor:
+    """`a` moved `amount` (0..1) of the way towards `b`; works the same on light and dark."""
+    return QColor.fromRgbF(
+        a.redF() + (b.redF() - a.redF()) * amount,
+        a.greenF() + (b.greenF() - a.greenF()) * amount,
+        a.blueF() + (b.blueF() - a.blueF()) * amount,
+        1.0,
+    )
+
+
+# Translucent grey reads on both light and dark bubbles, so a theme switch need not touch it
+# (the link colour does go into cached documents: see `ChatView.changeEvent`).
+_CODE_BACKGROUND = QColor(128, 128, 128, 48)
+
+
+def _shade_code(doc: QTextDocument) -> None:
+    """Give fenced code blocks and inline code a faint background (the importer only sets
+    the monospace font)."""
+    cursor = QTextCursor(doc)
+    block = doc.begin()
+    while block.isValid():
+        fmt = block.blockFormat()
+        if fmt.hasProperty(QTextFormat.Property.BlockCodeFence) or fmt.nonBreakableLines():
+            fmt.setBackground(_CODE_BACKGROUND)
+            # Wrap long code lines rather than paint past the bubble (no sideways scrolling).
+            fmt.setNonBreakableLines(False)
+            cursor.setPosition(block.position())
+            cursor.setBlockFormat(fmt)
+        else:
+            it = block.begin()
+            while not it.atEnd():
+                fragment = it.fragment()
+                if fragment.isValid() and fragment.charFormat().fontFixedPitch():
+                    shade = QTextCharFormat()
+                    shade.setBackground(_CODE_BACKGROUND)
+                    cursor.setPosition(fragment.position())
+                    cursor.setPosition(
+                        fragment.position() + fragment.length(), QTextCursor.MoveMode.KeepAnchor
+                    )
+                    cursor.mergeCharFormat(shade)
+                it += 1
+        block = block.next()
+
+
+def _colour_links(doc: QTextDocument, colour: QColor) -> None:
+    """Paint links in `colour`: the Markdown importer bakes in the application palette's
+    link colour of the moment, which is unreadable once the theme turns dark (#0000ff)."""
+    cursor = QTextCursor(doc)
+    link = QTextCharFormat()
+    link.setForeground(colour)
+    block = doc.begin()
+    while block.isValid():
+        it = block.begin()
+        while not it.atEnd():
+            fragment = it.fragment()
+            if fragment.isValid() and fragment.charFormat().isAnchor():
+                cursor.setPosition(fragment.position())
+                cursor.setPosition(
+                    fragment.position() + fragment.length(), QTextCursor.MoveMode.KeepAnchor
+                )
+                cursor.mergeCharFormat(link)
+            it += 1
+        block = block.next()
+
+
+def _remember(
+    cache: OrderedDict[tuple[int, int, int], Any],
+    latest: dict[tuple[int, int], tuple[int, int, int]],
+    key: tuple[int, int, int],
+    value: object,
+    limit: int,
+) -> None:
+    """Put `value` in an LRU `cache` keyed (node id, text hash, width), replacing the entry
+    for the same node and width with an older text, and evicting beyond `limit`."""
+    node_id, _text_hash, width = key
+    older = latest.get((node_id, width))
+    if older is not None and older != key:
+        cache.pop(older, None)
+    latest[(node_id, width)] = key
+    cache[key] = value
+    while len(cache) > limit:
+        gone, _ = cache.popitem(last=False)
+        if latest.get((gone[0], gone[2])) == gone:
+            del latest[(gone[0], gone[2])]
+
+
+@dataclass(frozen=True)
+class _Geometry:
+    bubble: QRect
+    header: QRect
+    text_origin: QPoint
+    left_arrow: QRect
+    counter: QRect
+    right_arrow: QRect
+
+
+class MessageDelegate(QStyledItemDelegate):
+    """Paints a message as a Markdown bubble with a role header and a version switcher.
+
+    It also makes the in-place `MessageEditor` for the one message being edited: the row of
+    that message grows to the editor's wanted height (capped at `EDITOR_SHARE` of the view),
+    its bubble takes the full width and its text is left to the editor, which sits over it.
+    """
+
+    variant_requested = Signal(int, int)  # node id, wanted variant index
+
+    MARGIN_H: ClassVar[int] = 12  # outside the bubble, left and right
+    MARGIN_V: ClassVar[int] = 5  # outside the bubble, above and below
+    PADDING: ClassVar[int] = 10  # inside the bubble
+    HEADER_GAP: ClassVar[int] = 4  # between the header line and the text
+    RADIUS: ClassVar[float] = 9.0
+    USER_WIDTH: ClassVar[float] = 0.8  # user bubbles are at most this share of the width
+    MIN_USER_WIDTH: ClassVar[int] = 260
+    ROLE_LABELS: ClassVar[dict[str, str]] = {USER: "You", ASSISTANT: "Assistant"}
+    EDITOR_SHARE: ClassVar[float] = 0.6  # an editor is at most this share of the view's height
+    EDITOR_MIN_CAP: ClassVar[int] = 120  # ...but may always be this tall (a short view)
+
+    def __init__(self, parent: QWidget | None = None, *, cache_limit: int = 512) -> None:
+        super().__init__(parent)
+        self.cache_limit = cache_limit
+        self.height_cache_limit = max(cache_limit, 16384)
+        self._docs: OrderedDict[tuple[int, int, int], QTextDocument] = OrderedDict()
+        self._heights: OrderedDict[tuple[int, int, int], int] = OrderedDict()
+        # (node id, width) -> the cache key of its latest text: a streaming reply's older
+        # texts are dropped at once instead of crowding the LRU with dead documents.
+        self._latest_doc: dict[tuple[int, int], tuple[int, int, int]] = {}
+        self._latest_height: dict[tuple[int, int], tuple[int, int, int]] = {}
+        self._edit: _Editing | None = None
+
+    # --- caches ------------------------------------------------------------------------
+
+    def cache_size(self) -> int:
+        """How many laid-out documents are cached (never more than `cache_limit`)."""
+        return len(self._docs)
+
+    def clear_cache(self) -> None:
+        """Forget all laid-out documents and heights (after a font change)."""
+        self._docs.clear()
+        self._heights.clear()
+        self._latest_doc.clear()
+        self._latest_height.clear()
+
+    def clear_documents(self) -> None:
+        """Forget the laid-out documents but keep the heights (after a palette change).
+
+        Documents carry colours (links), heights do not, so a theme switch re-lays out
+        only the messages on screen instead of every row.
+        """
+        self._docs.clear()
+        self._latest_doc.clear()
+
+    def document(
+        self, row: MessageRow, text_width: int, font: QFont | None = None
+    ) -> QTextDocument:
+        """The laid-out Markdown document for `row` at `text_width` pixels, from the cache."""
+        key = (row.node_id, hash(row.text), text_width)
+        doc = self._docs.get(key)
+        if doc is not None:
+            self._docs.move_to_end(key)
+            return doc
+        doc = QTextDocument()
+        doc.setUndoRedoEnabled(False)
+        doc.setDocumentMargin(0)
+        doc.setDefaultFont(font if font is not None else self._font())
+        option = doc.defaultTextOption()
+        option.setWrapMode(QTextOption.WrapMode.WrapAtWordBoundaryOrAnywhere)  # long URLs too
+        doc.setDefaultTextOption(option)
+        doc.setMarkdown(row.text)
+        _shade_code(doc)
+        _colour_links(doc, self._palette().color(QPalette.ColorRole.Link))
+        doc.setTextWidth(text_width)
+        _remember(self._docs, self._latest_doc, key, doc, self.cache_limit)
+        return doc
+
+    def _item_height(self, row: MessageRow, item_width: int, font: QFont | None) -> int:
+        """The height of `row`'s item in an item `item_width` wide, cached separately.
+
+        `QListView` asks every row for its size on each relayout (every streamed token), so
+        this is the hot path: a hit is one dict lookup and no Qt call.
+        """
+        key = (row.node_id, hash(row.text), item_width)
+        height = self._heights.get(key)
+        if height is not None:
+            self._heights.move_to_end(key)
+            return height
+        font = font if font is not None else self._font()
+        doc = self.document(row, self.text_width(row.role, item_width), font)
+        header_h = self._header_height(QFontMetrics(font))
+        height = (
+            2 * self.MARGIN_V
+            + 2 * self.PADDING
+            + header_h
+            + self.HEADER_GAP
+            + math.ceil(doc.size().height())
+        )
+        _remember(self._heights, self._latest_height, key, height, self.height_cache_limit)
+        return height
+
+    # --- geometry ----------------------------------------------------------------------
+
+    def _font(self) -> QFont:
+        parent = self.parent()
+        return parent.font() if isinstance(parent, QWidget) else QApplication.font()
+
+    def _palette(self) -> QPalette:
+        parent = self.parent()
+        return parent.palette() if isinstance(parent, QWidget) else QApplication.palette()
+
+    def _available(self, width: int) -> int:
+        """Widest a bubble can be in an item `width` pixels wide."""
+        return max(2 * self.PADDING + 40, width - 2 * self.MARGIN_H)
+
+    def _max_bubble(self, role: str, width: int) -> int:
+        available = self._available(width)
+        if role == USER:
+            return min(available, max(int(available * self.USER_WIDTH), self.MIN_USER_WIDTH))
+        return available
+
+    def text_width(self, role: str, item_width: int) -> int:
+        """The width the Markdown text is laid out at, for an item `item_width` wide."""
+        return self._max_bubble(role, item_width) - 2 * self.PADDING
+
+    @staticmethod
+    def _header_height(metrics: QFontMetrics) -> int:
+        return metrics.height() + 2
+
+    def _markers(self, row: MessageRow) -> str:
+        parts: list[str] = []
+        if row.status == STREAMING:
+            parts.append("…")
+        elif row.status == INTERRUPTED:
+            parts.append("· interrupted")
+        if row.checkpoint:
+            parts.append(f"· ⚑ {row.checkpoint}")
+        return " ".join(parts)
+
+    def _counter_text(self, row: MessageRow) -> str:
+        return f"{row.variant + 1}/{row.variants}"
+
+    def _geometry(
+        self, rect: QRect, row: MessageRow, font: QFont, ideal_width: int | None = None
+    ) -> _Geometry:
+        metrics = QFontMetrics(font)
+        bold = QFont(font)
+        bold.setBold(True)
+        header_h = self._header_height(metrics)
+        arrow = header_h
+        counter_w = metrics.horizontalAdvance(f"{row.variants}/{row.variants}") + 6
+        switcher_w = 2 * arrow + counter_w if row.variants > 1 else 0
+        max_bubble = self._max_bubble(row.role, rect.width())
+        if row.role == USER and ideal_width is not None:
+            header_w = QFontMetrics(bold).horizontalAdvance(
+                self.ROLE_LABELS.get(row.role, row.role)
+            )
+            markers = self._markers(row)
+            if markers:
+                header_w += metrics.horizontalAdvance(" " + markers)
+            if switcher_w:
+                header_w += 12 + switcher_w
+            width = min(max_bubble, max(ideal_width, header_w) + 2 * self.PADDING)
+        else:
+            width = max_bubble
+        top = rect.top() + self.MARGIN_V
+        height = rect.height() - 2 * self.MARGIN_V
+        right = rect.right() - self.MARGIN_H
+        left = right - width + 1 if row.role == USER else rect.left() + self.MARGIN_H
+        bubble = QRect(left, top, width, height)
+        header = QRect(left + self.PADDING, top + self.PADDING, width - 2 * self.PADDING, header_h)
+        text_origin = QPoint(left + self.PADDING, header.bottom() + 1 + self.HEADER_GAP)
+        if switcher_w:
+            bubble_right = bubble.right() - self.PADDING + 1
+            right_arrow = QRect(bubble_right - arrow, header.top(), arrow, arrow)
+            counter = QRect(right_arrow.left() - counter_w, header.top(), counter_w, arrow)
+            left_arrow = QRect(counter.left() - arrow, header.top(), arrow, arrow)
+        else:
+            right_arrow = counter = left_arrow = QRect()
+        return _Geometry(bubble, header, text_origin, left_arrow, counter, right_arrow)
+
+    def switcher_rects(self, option_rect: QRect, row: MessageRow) -> tuple[QRect, QRect]:
+        """The (previous, next) arrow hit areas for `row` painted in `option_rect`.
+
+        Both are empty QRects when the message has a single version. The arrows sit at the
+        bubble's top right, which does not depend on the text, so no layout is needed.
+        """
+        geometry = self._geometry(QRect(option_rect), row, self._font())
+        return geometry.left_arrow, geometry.right_arrow
+
+    def arrow_at(self, option_rect: QRect, row: MessageRow, pos: QPoint) -> int:
+        """-1 over an enabled "previous" arrow, +1 over an enabled "next" one, else 0."""
+        if row.variants <= 1:
+            return 0
+        left, right = self.switcher_rects(option_rect, row)
+        if left.contains(pos) and row.variant > 0:
+            return -1
+        if right.contains(pos) and row.variant + 1 < row.variants:
+            return 1
+        return 0
+
+    # --- Qt's delegate interface -------------------------------------------------------
+
+    @staticmethod
+    def row_from_index(index: ModelIndex) -> MessageRow | None:
+        """The `MessageRow` behind `index` (works through proxy models too)."""
+        if not index.isValid():
+            return None
+        node_id = index.data(ChatRole.NodeIdRole)
+        if node_id is None:
+            return None
+        return MessageRow(
+            node_id=int(node_id),
+            role=str(index.data(ChatRole.RoleRole)),
+            text=str(index.data(ChatRole.TextRole) or ""),
+            status=str(index.data(ChatRole.StatusRole) or COMPLETE),
+            variant=int(index.data(ChatRole.VariantRole) or 0),
+            variants=int(index.data(ChatRole.VariantsRole) or 1),
+            checkpoint=index.data(ChatRole.CheckpointRole),
+        )
+
+    def _row(self, index: ModelIndex) -> MessageRow | None:
+        """`row_from_index` with a fast path for a `ChatModel` (one call, not seven)."""
+        model = index.model()
+        if isinstance(model, ChatModel):
+            rows = model._rows
+            number = index.row()
+            return rows[number] if 0 <= number < len(rows) else None
+        return self.row_from_index(index)
+
+    def _item_width(self, option: QStyleOptionViewItem) -> int:
+        widget = option.widget
+        if isinstance(widget, QAbstractItemView):
+            return widget.viewport().width()
+        if option.rect.width() > 0:
+            return option.rect.width()
+        return 600
+
+    def sizeHint(self, option: QStyleOptionViewItem, index: ModelIndex) -> QSize:
+        """Full item width; the height of header plus laid-out Markdown text."""
+        row = self._row(index)
+        if row is None:
+            return super().sizeHint(option, index)
+        width = self._item_width(option)
+        if self._edit is not None and row.node_id == self._edit.node_id:
+            return QSize(width, self._editing_height(option, self._edit.height))
+        key = (row.node_id, hash(row.text), width)
+        height = self._heights.get(key)
+        if height is None:
+            height = self._item_height(row, width, QFont(option.font))
+        else:
+            self._heights.move_to_end(key)
+        return QSize(width, height)
+
+    def paint(self, painter: QPainter, option: QStyleOptionViewItem, index: ModelIndex) -> None:
+        """Draw the bubble, its header (role, markers, switcher) and the Markdown text."""
+        row = self._row(index)
+        if row is None:
+            super().paint(painter, option, index)
+            return
+        font = QFont(option.font)
+        editing = self._edit is not None and row.node_id == self._edit.node_id
+        text_width = self.text_width(row.role, option.rect.width())
+        doc = None if editing else self.document(row, text_width, font)
+        ideal = math.ceil(doc.idealWidth()) if doc is not None and row.role == USER else None
+        geometry = self._geometry(option.rect, row, font, ideal)
+        palette: QPalette = option.palette
+        base = palette.color(QPalette.ColorRole.Base)
+        text = palette.color(QPalette.ColorRole.Text)
+        if row.role == USER:
+            fill = _mix(base, palette.color(QPalette.ColorRole.Highlight), 0.22)
+        else:
+            fill = _mix(base, text, 0.06)
+        dim = _mix(text, fill, 0.45)
+        state = option.state
+        selected = bool(state & QStyle.StateFlag.State_Selected)
+
+        painter.save()
+        painter.setRenderHint(QPainter.RenderHint.Antialiasing, True)
+        if selected:
+            painter.setPen(QPen(palette.color(QPalette.ColorRole.Highlight), 1.5))
+        else:
+            painter.setPen(Qt.PenStyle.NoPen)
+        painter.setBrush(fill)
+        painter.drawRoundedRect(
+            QRectF(geometry.bubble).adjusted(0.5, 0.5, -0.5, -0.5), self.RADIUS, self.RADIUS
+        )
+
+        # Header: role name in bold, then markers, then the switcher at the right.
+        header = geometry.header
+        bold = QFont(font)
+        bold.setBold(True)
+        label = self.ROLE_LABELS.get(row.role, row.role)
+        painter.setFont(bold)
+        painter.setPen(text)
+        label_w = QFontMetrics(bold).horizontalAdvance(label)
+        align = Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter
+        painter.drawText(header, align, label)
+        markers = self._markers(row)
+        if markers:
+            painter.setFont(font)
+            marker_rect = QRect(header)
+            marker_rect.setLeft(header.left() + label_w + QFontMetrics(font).horizontalAdvance(" "))
+            if row.variants > 1:
+                marker_rect.setRight(geometry.left_arrow.left() - 4)
+            if row.status == INTERRUPTED:
+                painter.setPen(
+                    _mix(palette.color(QPalette.ColorRole.Text), QColor(220, 60, 40), 0.7)
+                )
+            else:
+                painter.setPen(dim)
+            elided = QFontMetrics(font).elidedText(
+                markers, Qt.TextElideMode.ElideRight, max(0, marker_rect.width())
+            )
+            painter.drawText(marker_rect, align, elided)
+        if row.variants > 1:
+            self._paint_switcher(painter, geometry, row, font, text, dim)
+        if doc is None:  # being edited: the editor shows the text
+            painter.restore()
+            return
+
+        # The text, in the bubble's colours.
+        painter.translate(geometry.text_origin)
+        context = QAbstractTextDocumentLayout.PaintContext()
+        text_palette = QPalette(palette)
+        text_palette.setColor(QPalette.ColorRole.Text, text)
+        context.palette = text_palette
+        visible = QRectF(option.rect)
+        if isinstance(option.widget, QAbstractItemView):
+            # Only the part of a tall message that is on screen needs drawing.
+            visible = visible.intersected(QRectF(option.widget.viewport().rect()))
+        context.clip = visible.translated(-QPointF(geometry.text_origin))
+        # Wide content (a table) is cut at the bubble's edge instead of overflowing it.
+        painter.setClipRect(
+            QRectF(geometry.bubble).translated(-QPointF(geometry.text_origin)),
+            Qt.ClipOperation.IntersectClip,
+        )
+        doc.documentLayout().draw(painter, context)
+        painter.restore()
+
+    def _paint_switcher(
+        self,
+        painter: QPainter,
+        geometry: _Geometry,
+        row: MessageRow,
+        font: QFont,
+        enabled: QColor,
+        disabled: QColor,
+    ) -> None:
+        painter.setFont(font)
+        painter.setPen(enabled)
+        painter.drawText(geometry.counter, Qt.AlignmentFlag.AlignCenter, self._counter_text(row))
+        for rect, direction, active in (
+            (geometry.left_arrow, -1, row.variant > 0),
+            (geometry.right_arrow, 1, row.variant + 1 < row.variants),
+        ):
+            pen = QPen(enabled if active else disabled, 1.6)
+            pen.setCapStyle(Qt.PenCapStyle.RoundCap)
+            pen.setJoinStyle(Qt.PenJoinStyle.RoundJoin)
+            painter.setPen(pen)
+            center = QRectF(rect).center()
+            half = rect.height() / 5.0
+            tip = QPointF(center.x() + direction * half / 2, center.y())
+            back = center.x() - direction * half / 2
+            painter.drawPolyline(
+                [QPointF(back, center.y() - half), tip, QPointF(back, center.y() + half)]
+            )
+
+    def editorEvent(
+        self,
+        event: QEvent,
+        model: QAbstractItemModel,
+        option: QStyleOptionViewItem,
+        index: ModelIndex,
+    ) -> bool:
+        """Clicks on the switcher arrows emit `variant_requested`; other events pass on."""
+        kind = event.type()
+        if kind not in (
+            QEvent.Type.MouseButtonPress,
+            QEvent.Type.MouseButtonRelease,
+            QEvent.Type.MouseButtonDblClick,
+        ) or not isinstance(event, QMouseEvent):
+            return super().editorEvent(event, model, option, index)
+        if event.button() != Qt.MouseButton.LeftButton:
+            return super().editorEvent(event, model, option, index)
+        row = self._row(index)
+        if row is None:
+            return False
+        direction = self.arrow_at(option.rect, row, event.position().toPoint())
+        if direction == 0:
+            return super().editorEvent(event, model, option, index)
+        if kind == QEvent.Type.MouseButtonRelease:
+            log.debug("switch node %s to variant %s", row.node_id, row.variant + direction)
+            self.variant_requested.emit(row.node_id, row.variant + direction)
+        return True
+
+    # --- editing in place --------------------------------------------------------------
+
+    @property
+    def editing_node(self) -> int | None:
+        """The node whose editor this delegate made and has not destroyed yet, or None."""
+        return None if self._edit is None else self._edit.node_id
+
+    def _editing_height(self, option: QStyleOptionViewItem, wanted: int) -> int:
+        """The edited row's height: the bubble's frame around the editor's (capped) height."""
+        widget = option.widget
+        view_height = widget.viewport().height() if isinstance(widget, QAbstractItemView) else 0
+        cap = max(self.EDITOR_MIN_CAP, int(view_height * self.EDITOR_SHARE))
+        header_h = self._header_height(QFontMetrics(QFont(option.font)))
+        return 2 * self.MARGIN_V + 2 * self.PADDING + header_h + self.HEADER_GAP + min(wanted, cap)
+
+    def createEditor(
+        self, parent: QWidget, option: QStyleOptionViewItem, index: ModelIndex
+    ) -> QWidget:
+        """A `MessageEditor` that keeps the view's own keys (they act on whole messages)."""
+        row = self._row(index)
+        if row is None:
+            return super().createEditor(parent, option, index)
+        actions = option.widget.actions() if option.widget is not None else []
+        keys = [seq for action in actions for seq in action.shortcuts()]
+        editor = MessageEditor(parent, reserved_keys=keys)
+        self._edit = _Editing(row.node_id, QPersistentModelIndex(index), editor.wanted_height())
+        editor.height_wanted.connect(self._on_editor_height)
+        return editor
+
+    def setEditorData(self, editor: QWidget, index: ModelIndex) -> None:
+        """Prefill a fresh editor with the message's text, and only a fresh one: the view
+        calls this again whenever the row changes (a new version count, a checkpoint), which
+        must not throw away what the user typed."""
+        if not isinstance(editor, MessageEditor):
+            super().setEditorData(editor, index)
+            return
+        row = self._row(index)
+        if row is not None and not editor.filled:
+            editor.set_text(row.text)
+
+    def setModelData(self, editor: QWidget, model: QAbstractItemModel, index: ModelIndex) -> None:
+        """Nothing: the model is read-only; the view reports the edit and its owner applies
+        it to the tree."""
+
+    def updateEditorGeometry(
+        self, editor: QWidget, option: QStyleOptionViewItem, index: ModelIndex
+    ) -> None:
+        """Place the editor over the text area of a full-width bubble (the header stays)."""
+        row = self._row(index)
+        if row is None:
+            super().updateEditorGeometry(editor, option, index)
+            return
+        geometry = self._geometry(option.rect, row, QFont(option.font))
+        bubble = geometry.bubble
+        bottom_right = QPoint(bubble.right() - self.PADDING, bubble.bottom() - self.PADDING)
+        editor.setGeometry(QRect(geometry.text_origin, bottom_right))
+
+    def destroyEditor(self, editor: QWidget, index: ModelIndex) -> None:
+        """Forget the edit and let the row shrink back to its bubble."""
+        if isinstance(editor, MessageEditor):
+            editor.height_wanted.disconnect(self._on_editor_height)
+            self._edit = None
+            if index.isValid():
+                self.sizeHintChanged.emit(QModelIndex(index))
+        super().destroyEditor(editor, index)
+
+    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
+        """Leave a `MessageEditor` alone: by default a delegate commits and closes its editor
+        when focus leaves it, which would throw away a long edit on a stray click."""
+        if isinstance(watched, MessageEditor):
+            return False
+        return super().eventFilter(watched, event)
+
+    @Slot(int)
+    def _on_editor_height(self, height: int) -> None:
+        edit = self._edit
+        if edit is None or edit.height == height:
+            return
+        edit.height = height
+        if edit.index.isValid():
+            self.sizeHintChanged.emit(QModelIndex(edit.index))
