@@ -167,8 +167,15 @@ class ModelPicker(QDialog):
         self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
         self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
         self.table.verticalHeader().hide()
-        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-        self.table.horizontalHeader().setStretchLastSection(True)
+        header = self.table.horizontalHeader()
+        header.setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
+        # A long name or a broken file's reason must not push the other columns away: the
+        # name column has a fixed, resizable width (elided; the tooltip has the whole text).
+        header.setSectionResizeMode(Column.NAME, QHeaderView.ResizeMode.Interactive)
+        header.resizeSection(Column.NAME, 300)
+        header.setStretchLastSection(True)
+        self.table.setTextElideMode(Qt.TextElideMode.ElideRight)
+        self.table.setWordWrap(False)
         self.table.doubleClicked.connect(self._on_double_click)
         folder = data_dirs().models
         hint = QLabel(f"Put GGUF files in <a href='{QUrl.fromLocalFile(str(folder)).toString()}'>"
