@@ -846,7 +846,11 @@ class MainWindow(QMainWindow):
         rate = streaming.pieces / max(1e-3, time.monotonic() - streaming.started)
         self.progress_label.setText(f"Answering… {rate:.1f} tokens/s")
         if self._sink is not None:
-            self._sink.streaming(node)  # saved at most a second behind
+            try:
+                self._sink.streaming(node)  # saved at most a second behind
+            except ArborError as exc:  # a full disk, say: the final save will say so too
+                log.warning("the growing reply could not be saved: %s", exc)
+                self.statusBar().showMessage(f"The reply could not be saved yet: {exc}", 4000)
         if piece.conversation_id == self.current:
             self.chat.model().update_text(node.id, node.text, node.status.value)
         self.text_shown.emit()

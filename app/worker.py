@@ -101,6 +101,10 @@ class EngineWorker(QObject):
         except ArborError as exc:
             self.load_failed.emit(str(exc))  # the previous model keeps working
             return
+        except Exception as exc:  # a bug, not the file: still never leave the window waiting
+            log.exception("loading %s failed", request.path)
+            self.load_failed.emit(f"an internal error stopped the load ({type(exc).__name__})")
+            return
         self._close()
         self._settings = settings
         self._path = request.path
@@ -161,6 +165,9 @@ class EngineWorker(QObject):
         except ArborError as exc:
             log.info("warm-up skipped: %s", exc)
             return
+        except Exception:  # a warm-up is an optimisation: a bug in it must not cost a reply
+            log.exception("warm-up failed")
+            return
         self.warmed.emit(
             Warmed(
                 conversation_id=request.conversation_id,
@@ -176,6 +183,15 @@ class EngineWorker(QObject):
 
     @Slot(object)
     def generate(self, request: GenerateRequest) -> None:
+        try:
+            self._generate(request)
+        except Exception as exc:  # a bug: report it, never leave the window waiting
+            log.exception("the reply failed")
+            self.errored.emit(self._failed(
+                request, f"an internal error stopped the reply ({type(exc).__name__}); "
+                "what was written is saved", cancelled=False))
+
+    def _generate(self, request: GenerateRequest) -> None:
         generator = self._generator
         self._stop.clear()
         if generator is None:

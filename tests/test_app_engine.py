@@ -15,6 +15,7 @@ from app.main_window import MainWindow, global_id
 from app.messages import Warmed
 from app.model_picker import Column, ModelPicker
 from app.settings_dialog import SettingsDialog
+from engine.generator import Generator
 from engine.llama import FlashAttention
 from engine.paths import data_dirs
 from engine.settings import Effect, Settings, load_settings
@@ -281,3 +282,26 @@ def test_a_session_file_carries_its_checkpoints_to_another_installation(
     ident = other.worker.engine_thread_ident
     assert ident is not None and ident != threading.get_ident() and ident in engine_calls
     engine_calls[:] = [call for call in engine_calls if call != ident]
+
+
+def test_an_internal_error_during_a_reply_is_reported_and_the_window_recovers(
+    qtbot: QtBot, window: MainWindow, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shown: list[str] = []
+    monkeypatch.setattr("app.main_window.QMessageBox.warning",
+                        lambda _parent, _title, text: shown.append(text))
+
+    def broken(*_args: object, **_kwargs: object) -> None:
+        raise RuntimeError("a bug")
+
+    original = Generator.generate
+    monkeypatch.setattr(Generator, "generate", broken)
+    window.composer.setPlainText("Hello")
+    with qtbot.waitSignal(window.reply_finished, timeout=TIMEOUT):
+        qtbot.keyClick(window.composer, Qt.Key.Key_Return)
+    assert len(shown) == 1 and "internal error" in shown[0] and "Traceback" not in shown[0]
+    assert window._streaming is None and window.send_button.text() == "Send"
+    assert [m.role for m in window.tree.messages()] == [Role.USER]  # no empty reply kept
+    monkeypatch.setattr(Generator, "generate", original)  # the engine_calls watch stays
+    _send(qtbot, window, "Hello again")  # the engine still answers
+    assert window.tree.messages()[-1].role is Role.ASSISTANT
