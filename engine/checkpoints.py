@@ -87,6 +87,9 @@ class Checkpoint:
 # --- placement -----------------------------------------------------------------------------
 
 
+RECURRENT_INTERVAL = 256
+
+
 def interval_positions(start: int, end: int, last_pos: int, interval: int) -> list[int]:
     """Token counts in (start, end] at which an interval checkpoint is due.
 
@@ -123,8 +126,13 @@ def plan_saves(
       recurrent, hybrid and sliding-window models. A dense cache is cut back to any
       node end of the live branch for free, so it only needs the prompt-end states to jump
       to a branch that is not live.
-    - Inside long stretches, at most one per `interval` tokens, through the gate.
+    - Inside long stretches, at most one per `interval` tokens, through the gate. A
+      recurrent state is the same size wherever it is taken (a few MiB, against a KV cache
+      that grows with every token), so there the interval is at most RECURRENT_INTERVAL:
+      an edit near the end of a long message then re-reads a few hundred tokens, not all.
     """
+    if kind is MemoryKind.RECURRENT and interval > 0:
+        interval = min(interval, RECURRENT_INTERVAL)
     saves = {prompt_len}
     if kind is not MemoryKind.DENSE:
         saves.update(n for n in node_ends if start < n < prompt_len)

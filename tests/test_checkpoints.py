@@ -87,6 +87,18 @@ def test_placement_policy_per_memory_kind(kind: MemoryKind) -> None:
     assert min(plan_saves(kind, node_ends, 143, 100, 99, 64)) > 100
 
 
+def test_a_recurrent_state_is_saved_more_often_inside_long_messages() -> None:
+    """Its size does not grow with the position, so the interval is capped; the other
+    kinds keep the user's interval (their state grows with every token)."""
+    node_ends = [20, 1020, 1530]  # system, a 1,000-token user message, its reply
+    recurrent = plan_saves(MemoryKind.RECURRENT, node_ends, 1535, 0, -1, 2048)
+    assert recurrent == [20, 256, 512, 768, 1020, 1024, 1280, 1530, 1535]
+    hybrid = plan_saves(MemoryKind.HYBRID, node_ends, 1535, 0, -1, 2048)
+    assert hybrid == [20, 1020, 1530, 1535]
+    assert plan_saves(MemoryKind.RECURRENT, node_ends, 1535, 0, -1, 0) == [20, 1020, 1530,
+                                                                           1535]
+
+
 # --- search and restore on every memory kind -------------------------------------------------
 
 
