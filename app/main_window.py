@@ -961,16 +961,20 @@ class MainWindow(QMainWindow):
         if not path or key == self._warmed_path:
             return
         self._warmed_path = key
+        if self.progress.isHidden():
+            self.progress_label.clear()  # "ready" was about another branch
         self.request_warm.emit(WarmRequest(self.worker.epoch, cid,
                                            tuple(_global_view(cid, n) for n in path)))
 
     @Slot(object)
     def _on_warmed(self, warmed: Warmed) -> None:
-        if warmed.decoded_tokens:
-            self.statusBar().showMessage(
-                f"Ready: prepared {warmed.prompt_tokens:,} tokens in the background "
-                f"({warmed.decoded_tokens:,} decoded in {warmed.prefill_ms / 1000:.2f} s).",
-                4000)
+        # On the line above the composer, not the status bar: that keeps the last step's
+        # figures. The next request's plan replaces it.
+        if (self._streaming is None and self.progress.isHidden()
+                and warmed.conversation_id == self.current and warmed.prompt_tokens):
+            self.progress_label.setText(
+                f"Ready: {warmed.prompt_tokens:,} tokens prepared; the next message decodes "
+                "only itself.")
         self.warmed.emit(warmed)
 
     def _end_reply(self) -> None:

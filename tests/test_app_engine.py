@@ -47,6 +47,8 @@ def test_after_a_reply_the_engine_warms_the_branch_and_send_decodes_only_the_new
     assert warmed.decoded_tokens >= 2  # the reply, decoded again in one batch
     before = sum(len(node.tokens or ()) for node in tree.path_to(leaf.id))
     assert warmed.prompt_tokens == before
+    assert window.progress_label.text().startswith("Ready:")
+    assert "reused" in window.statusBar().currentMessage()  # the step's figures stay
 
     _send(qtbot, window, "And lakes?")
     done = window.last_reply
