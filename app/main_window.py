@@ -603,10 +603,13 @@ class MainWindow(QMainWindow):
         if self._busy():
             return
         tree = self.tree
-        message = tree.add_child(tree.active_leaf, Role.USER, text)
-        if self._save([message]):
-            self.composer.clear()
-            self._start_reply(message)
+        leaf = tree.active_leaf
+        message = tree.add_child(leaf, Role.USER, text)
+        if not self._save([message]):
+            self._drop_unsaved(message, leaf)  # the composer keeps the text
+            return
+        self.composer.clear()
+        self._start_reply(message)
 
     def edit(self, node_id: int, text: str) -> None:
         """A new version beside the old one; a user message gets a new reply. Submitted while
@@ -619,8 +622,12 @@ class MainWindow(QMainWindow):
             return
         if self._busy():
             return
+        leaf = self.tree.active_leaf
         new = self.tree.add_sibling(node_id, text)
-        if self._save([new]) and new.role is Role.USER:
+        if not self._save([new]):
+            self._drop_unsaved(new, leaf)
+            return
+        if new.role is Role.USER:
             self._start_reply(new)
         self._refresh_views()
 
@@ -780,12 +787,18 @@ class MainWindow(QMainWindow):
         assert self.current is not None
         cid = self.current
         tree = self.tree
+        leaf = tree.active_leaf
         if resume is None:
             reply = tree.add_child(parent.id, Role.ASSISTANT, "", status=NodeStatus.STREAMING)
         else:
             reply = resume
             reply.status = NodeStatus.STREAMING
         if not self._save([reply]):
+            if resume is None:
+                self._drop_unsaved(reply, leaf)
+            else:
+                resume.status = NodeStatus.INTERRUPTED
+                self._refresh_views()
             return
         request_id = next(self._request_ids)
         path = tree.path_to(parent.id)
@@ -1002,6 +1015,14 @@ class MainWindow(QMainWindow):
         assert cid is not None
         tree = self.trees[cid]
         return self._guard(lambda: self.store.save(cid, tree, nodes, deleted=deleted)) is not False
+
+    def _drop_unsaved(self, node: Node, leaf: int) -> None:
+        """A node the store refused (disk full, say) leaves the tree too: what the window
+        shows is always what is saved."""
+        self.tree.delete_branch(node.id)
+        if leaf in self.tree:
+            self.tree.set_active(leaf)
+        self._refresh_views()
 
     def _guard(self, action: Callable[[], object]) -> object:
         """Run a store action; a failure is a message to the user, never a traceback."""

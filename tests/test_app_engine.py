@@ -19,7 +19,7 @@ from engine.generator import Generator
 from engine.llama import FlashAttention
 from engine.paths import data_dirs
 from engine.settings import Effect, Settings, load_settings
-from engine.store import Store
+from engine.store import Store, StoreWriteError
 from engine.transfer import FileFormat
 from engine.tree import Role
 from tests.app_fixtures import TIMEOUT
@@ -307,3 +307,31 @@ def test_an_internal_error_during_a_reply_is_reported_and_the_window_recovers(
     monkeypatch.setattr(Generator, "generate", original)  # the engine_calls watch stays
     _send(qtbot, window, "Hello again")  # the engine still answers
     assert window.tree.messages()[-1].role is Role.ASSISTANT
+
+
+def test_a_message_the_store_refuses_leaves_the_window_as_saved(
+    qtbot: QtBot, window: MainWindow, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A full disk: one clear message, the composer keeps the text, and the window shows
+    exactly what is in the database."""
+    _send(qtbot, window, "Hello")
+    shown: list[str] = []
+    monkeypatch.setattr("app.main_window.QMessageBox.warning",
+                        lambda _parent, _title, text: shown.append(text))
+    real_save = Store.save
+
+    def full(*_args: object, **_kwargs: object) -> None:
+        raise StoreWriteError("the disk is full; nothing was saved")
+
+    monkeypatch.setattr(Store, "save", full)
+    before = [n.text for n in window.tree.messages()]
+    window.composer.setPlainText("This will not fit")
+    qtbot.keyClick(window.composer, Qt.Key.Key_Return)
+    window.edit(window.tree.message(0).id, "Neither will this")
+    assert shown == ["the disk is full; nothing was saved"] * 2
+    assert window._streaming is None
+    assert [n.text for n in window.tree.messages()] == before
+    assert window.chat.model().rowCount() == len(before)
+    assert window.composer.toPlainText() == "This will not fit"
+    monkeypatch.setattr(Store, "save", real_save)
+    assert [n.text for n in window.store.load(window.current or 0).messages()] == before
