@@ -37,7 +37,7 @@ from app.chat_model import rows_from_tree
 from app.chat_view import ChatView
 from app.composer import Composer
 from app.icons import icon
-from app.importer import Importer, ParsedFile, RejectedFile
+from app.importer import ImportedFile, Importer, RejectedFile
 from app.messages import (
     AdoptCheckpoints,
     ExportDone,
@@ -67,7 +67,7 @@ from engine.paths import data_dirs
 from engine.records import ConversationRecord
 from engine.settings import Effect, Settings, SettingsError, effect_of, load_settings, save_settings
 from engine.store import Store, StoreSink
-from engine.transfer import FileFormat, commit_import, export_file
+from engine.transfer import FileFormat, export_file
 from engine.tree import Node, NodeStatus, Role, Tree, TreeError
 
 log = logging.getLogger(__name__)
@@ -1055,10 +1055,10 @@ class MainWindow(QMainWindow):
             self.import_path(Path(path))
 
     def _make_importer(self) -> Importer:
-        """The file is parsed on the importer's thread; only the commit runs here, on the
-        GUI thread, which owns the store."""
-        importer = Importer(self)
-        importer.parsed.connect(self._on_import_parsed)
+        """The file is read and committed on the importer's thread, over its own connection
+        to this store's database; the window then shows the new conversations."""
+        importer = Importer(self.store.path, self)
+        importer.imported.connect(self._on_imported)
         importer.rejected.connect(self._on_import_rejected)
         return importer
 
@@ -1077,17 +1077,8 @@ class MainWindow(QMainWindow):
         return True
 
     @Slot(object)
-    def _on_import_parsed(self, parsed: ParsedFile) -> None:
-        # The write is one SQLite transaction on this thread, which owns the store: about a
-        # second per 500 conversations (full-text index included). Say so before it starts.
-        count = len(parsed.contents.conversations)
-        self.statusBar().showMessage(f"Saving {count:,} conversations…")
-        self.statusBar().repaint()
-        try:
-            result = commit_import(parsed.contents, self.store)
-        except ArborError as exc:
-            self._on_import_rejected(RejectedFile(parsed.path, str(exc)))
-            return
+    def _on_imported(self, parsed: ImportedFile) -> None:
+        result = parsed.result
         self._refresh_sidebar()
         if result.conversation_ids:
             self.open_conversation(result.conversation_ids[0])

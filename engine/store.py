@@ -127,13 +127,28 @@ class Store:
     """One SQLite database of conversations. Not shared between threads: the GUI thread
     owns it (the engine thread never writes conversations)."""
 
-    def __init__(self, path: Path | None = None) -> None:
+    def __init__(self, path: Path | None = None, *, recover: bool = True) -> None:
+        """Open (and create or migrate) the database. `recover` marks replies left streaming
+        by a crash as interrupted: right for the program's own connection, wrong for a second
+        one opened while the first may be streaming a reply (a background import)."""
         self.path = path or data_dirs().data / DB_NAME
+        self._cancel: Callable[[], bool] | None = None
         self._db = self._open(self.path)
-        self._recover_streaming()
+        if recover:
+            self._recover_streaming()
 
     def close(self) -> None:
         self._db.close()
+
+    def interrupt_when(self, cancel: Callable[[], bool] | None) -> None:
+        """While set, a transaction stops once `cancel()` is true: inside a long statement
+        (SQLite's progress handler, polled every 10,000 virtual-machine steps) or, at the
+        latest, before its COMMIT. It rolls back and the call raises StoreWriteError."""
+        self._cancel = cancel
+        if cancel is None:
+            self._db.set_progress_handler(None, 0)
+        else:
+            self._db.set_progress_handler(lambda: 1 if cancel() else 0, 10_000)
 
     def __enter__(self) -> Store:
         return self
@@ -218,6 +233,8 @@ class Store:
             raise _write_error(exc) from exc
         try:
             yield self._db
+            if self._cancel is not None and self._cancel():
+                raise StoreWriteError("the write was cancelled; nothing was saved")
             self._db.execute("COMMIT")
         except BaseException as exc:
             with contextlib.suppress(sqlite3.Error):

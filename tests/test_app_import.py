@@ -1,5 +1,6 @@
-"""File > Import through the real main window: the file is read off the GUI thread, committed
-on it, and a window closed mid-import commits nothing and leaves no thread running.
+"""File > Import through the real main window: the file is read and committed off the GUI
+thread (over a second connection), and a window closed mid-import commits nothing and leaves
+no thread running.
 
 No model is loaded: importing never touches the engine.
 """
@@ -12,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from PySide6.QtCore import QCoreApplication
+from PySide6.QtCore import QCoreApplication, QThread
 from pytestqt.qtbot import QtBot
 
 import app.importer
@@ -23,7 +24,7 @@ from engine.formats.native import write_session
 from engine.records import from_tree
 from engine.store import ConversationInfo, Store
 from engine.transfer import ParsedImport, parse_import
-from engine.tree import Role, Tree
+from engine.tree import NodeStatus, Role, Tree
 
 TIMEOUT = 30_000
 KEY = b"k" * 32
@@ -118,7 +119,7 @@ def test_a_rejected_file_leaves_the_store_unchanged(
     assert window.store.integrity_ok()
 
 
-def test_parsing_runs_off_the_gui_thread_and_the_commit_on_it(
+def test_parsing_and_committing_run_off_the_gui_thread(
     qtbot: QtBot, window: MainWindow, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     parsed_on: list[int] = []
@@ -130,20 +131,37 @@ def test_parsing_runs_off_the_gui_thread_and_the_commit_on_it(
             return real(path, **kwargs)
         return parse
 
-    real_commit = app.main_window.commit_import
+    real_commit = app.importer.commit_import
 
     def commit(*args: Any, **kwargs: Any) -> Any:
         committed_on.append(threading.get_ident())
         return real_commit(*args, **kwargs)
 
     _wrap_parse(monkeypatch, record_parse)
-    monkeypatch.setattr(app.main_window, "commit_import", commit)
+    monkeypatch.setattr(app.importer, "commit_import", commit)
     with qtbot.waitSignal(window.import_finished, timeout=TIMEOUT) as finished:
         window.import_path(_chatgpt_file(tmp_path))
     main = threading.get_ident()
-    assert len(finished.args[0]) == 1
+    (ids,) = finished.args
+    assert len(ids) == 1
     assert len(parsed_on) == 1 and parsed_on[0] != main
-    assert committed_on == [main]
+    assert committed_on == parsed_on  # the same worker thread
+    assert window.current == ids[0] and _titles(window.store.list()).count("Oaks") == 1
+
+
+def test_a_reply_streaming_in_the_window_is_not_marked_interrupted_by_an_import(
+    qtbot: QtBot, window: MainWindow, tmp_path: Path
+) -> None:
+    """The import's own connection must not run the crash recovery of the program's."""
+    tree, cid = window.tree, window.current or 0
+    user = tree.add_child(tree.active_leaf, Role.USER, "Hi")
+    reply = tree.add_child(user.id, Role.ASSISTANT, "Hel", status=NodeStatus.STREAMING)
+    window.store.save(cid, tree, [user, reply])
+    with qtbot.waitSignal(window.import_finished, timeout=TIMEOUT):
+        window.import_path(_chatgpt_file(tmp_path))
+    with Store(window.store.path, recover=False) as other:
+        saved = other.load(cid)
+    assert saved.node(reply.id).status is NodeStatus.STREAMING
 
 
 class _Blocked:
@@ -191,11 +209,22 @@ def test_closing_while_a_file_is_read_commits_nothing_and_ends_the_thread(
         assert store.list() == before
 
 
-def test_a_file_read_but_not_yet_committed_at_close_commits_nothing(
+def test_closing_during_the_commit_commits_nothing(
     qtbot: QtBot, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, warnings: list[str]
 ) -> None:
-    blocked = _Blocked()
-    _wrap_parse(monkeypatch, blocked.wrap)
+    entered = threading.Event()
+    real_commit = app.importer.commit_import
+
+    def commit(parsed: Any, store: Store, **kwargs: Any) -> Any:
+        entered.set()
+        # Hold until the window's shutdown cancels (bounded only so a bug fails, not hangs),
+        # then commit for real: the transaction must roll back.
+        thread = QThread.currentThread()
+        assert isinstance(thread, app.importer._ImportThread)
+        assert thread.cancel.wait(TIMEOUT / 1000)
+        return real_commit(parsed, store, **kwargs)
+
+    monkeypatch.setattr(app.importer, "commit_import", commit)
     db = tmp_path / "c.db"
     win = MainWindow(store=Store(db))
     qtbot.addWidget(win)
@@ -203,16 +232,14 @@ def test_a_file_read_but_not_yet_committed_at_close_commits_nothing(
     finished: list[object] = []
     win.import_finished.connect(finished.append)
     assert win.import_path(_chatgpt_file(tmp_path))
-    blocked.release.set()
-    # The parse returns; its result waits in the GUI thread's event queue, which this test
-    # does not run until the window is closed.
-    assert blocked.returned.wait(TIMEOUT / 1000)
+    assert entered.wait(TIMEOUT / 1000)
     win.close()
-    assert blocked.saw_cancel == [False]
+    assert not win.importer.busy
     QCoreApplication.processEvents()
     assert finished == [] and warnings == []
     with Store(db) as store:
         assert store.list() == before
+        assert store.integrity_ok()
 
 
 def test_a_second_import_while_one_is_read_is_refused(
