@@ -458,12 +458,14 @@ class MainWindow(QMainWindow):
     @Slot(object)
     def _on_usage(self, usage: StoreUsage) -> None:
         self._usage = usage
+        shown = self._checkpoint_nodes.get(self.current) if self.current is not None else None
         self._checkpoint_nodes = {}
         for key, tier in usage.nodes:
             cid, nid = split_id(key)
             self._checkpoint_nodes.setdefault(cid, {})[nid] = tier
         self._update_status()
-        self._refresh_views()
+        if self.current is not None and self._checkpoint_nodes.get(self.current) != shown:
+            self._refresh_views()  # only the marks changed; nothing to redraw otherwise
 
     def _update_status(self) -> None:
         if self._model is not None:

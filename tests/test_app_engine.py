@@ -49,6 +49,11 @@ def test_after_a_reply_the_engine_warms_the_branch_and_send_decodes_only_the_new
     assert warmed.prompt_tokens == before
     assert window.progress_label.text().startswith("Ready:")
     assert "reused" in window.statusBar().currentMessage()  # the step's figures stay
+    # The warm-up's checkpoint at the reply's end is marked in both views.
+    model = window.chat.model()
+    qtbot.waitUntil(lambda: model.row_at(model.rowCount() - 1).checkpoint == "ram",
+                    timeout=TIMEOUT)
+    assert window.tree_panel.node_item(leaf.id).toolTip().count("checkpoint") >= 1
 
     _send(qtbot, window, "And lakes?")
     done = window.last_reply
