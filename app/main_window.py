@@ -832,9 +832,15 @@ class MainWindow(QMainWindow):
         if self._streaming is not None:
             self.worker.request_stop()
 
+    def _answering(self, request_id: int) -> _Streaming | None:
+        """The reply in progress if a result belongs to it; a late result of a stopped or
+        superseded request finds None and is dropped."""
+        streaming = self._streaming
+        return streaming if streaming is not None and streaming.request_id == request_id else None
+
     @Slot(object)
     def _on_progress(self, progress: Progress) -> None:
-        if self._streaming is None or progress.request_id != self._streaming.request_id:
+        if self._answering(progress.request_id) is None:
             return
         total = max(1, progress.total)
         percent = 100 * progress.done // total
@@ -848,8 +854,8 @@ class MainWindow(QMainWindow):
 
     @Slot(object)
     def _on_piece(self, piece: Piece) -> None:
-        streaming = self._streaming
-        if streaming is None or piece.request_id != streaming.request_id:
+        streaming = self._answering(piece.request_id)
+        if streaming is None:
             return
         tree = self.trees.get(piece.conversation_id)
         if tree is None or piece.reply_id not in tree:
@@ -872,8 +878,7 @@ class MainWindow(QMainWindow):
 
     @Slot(object)
     def _on_reply(self, done: ReplyDone) -> None:
-        streaming = self._streaming
-        if streaming is None or done.request_id != streaming.request_id:
+        if self._answering(done.request_id) is None:
             return
         self.last_reply = done  # the figures of the last step (the status bar shows them)
         tree = self.trees.get(done.conversation_id)
@@ -905,8 +910,7 @@ class MainWindow(QMainWindow):
 
     @Slot(object)
     def _on_failed(self, failed: Failed) -> None:
-        streaming = self._streaming
-        if streaming is None or failed.request_id != streaming.request_id:
+        if self._answering(failed.request_id) is None:
             return
         tree = self.trees.get(failed.conversation_id)
         if tree is not None and failed.reply_id in tree:
@@ -925,7 +929,7 @@ class MainWindow(QMainWindow):
 
     @Slot(object)
     def _on_plan(self, plan: Plan) -> None:
-        if self._streaming is not None and plan.request_id == self._streaming.request_id:
+        if self._answering(plan.request_id) is not None:
             self._plan = plan
 
     def _plan_text(self, total: int) -> str:

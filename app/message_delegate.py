@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import math
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -39,6 +40,7 @@ from PySide6.QtGui import (
     QPainter,
     QPalette,
     QPen,
+    QTextBlock,
     QTextCharFormat,
     QTextCursor,
     QTextDocument,
@@ -94,10 +96,29 @@ def _mix(a: QColor, b: QColor, amount: float) -> QColor:
 _CODE_BACKGROUND = QColor(128, 128, 128, 48)
 
 
+def _merge_where(
+    cursor: QTextCursor, block: QTextBlock, wanted: Callable[[QTextCharFormat], bool],
+    fmt: QTextCharFormat,
+) -> None:
+    """Merge `fmt` into every fragment of `block` whose character format `wanted` accepts."""
+    it = block.begin()
+    while not it.atEnd():
+        fragment = it.fragment()
+        if fragment.isValid() and wanted(fragment.charFormat()):
+            cursor.setPosition(fragment.position())
+            cursor.setPosition(
+                fragment.position() + fragment.length(), QTextCursor.MoveMode.KeepAnchor
+            )
+            cursor.mergeCharFormat(fmt)
+        it += 1
+
+
 def _shade_code(doc: QTextDocument) -> None:
     """Give fenced code blocks and inline code a faint background (the importer only sets
     the monospace font)."""
     cursor = QTextCursor(doc)
+    shade = QTextCharFormat()
+    shade.setBackground(_CODE_BACKGROUND)
     block = doc.begin()
     while block.isValid():
         fmt = block.blockFormat()
@@ -108,18 +129,7 @@ def _shade_code(doc: QTextDocument) -> None:
             cursor.setPosition(block.position())
             cursor.setBlockFormat(fmt)
         else:
-            it = block.begin()
-            while not it.atEnd():
-                fragment = it.fragment()
-                if fragment.isValid() and fragment.charFormat().fontFixedPitch():
-                    shade = QTextCharFormat()
-                    shade.setBackground(_CODE_BACKGROUND)
-                    cursor.setPosition(fragment.position())
-                    cursor.setPosition(
-                        fragment.position() + fragment.length(), QTextCursor.MoveMode.KeepAnchor
-                    )
-                    cursor.mergeCharFormat(shade)
-                it += 1
+            _merge_where(cursor, block, QTextCharFormat.fontFixedPitch, shade)
         block = block.next()
 
 
@@ -131,16 +141,7 @@ def _colour_links(doc: QTextDocument, colour: QColor) -> None:
     link.setForeground(colour)
     block = doc.begin()
     while block.isValid():
-        it = block.begin()
-        while not it.atEnd():
-            fragment = it.fragment()
-            if fragment.isValid() and fragment.charFormat().isAnchor():
-                cursor.setPosition(fragment.position())
-                cursor.setPosition(
-                    fragment.position() + fragment.length(), QTextCursor.MoveMode.KeepAnchor
-                )
-                cursor.mergeCharFormat(link)
-            it += 1
+        _merge_where(cursor, block, QTextCharFormat.isAnchor, link)
         block = block.next()
 
 

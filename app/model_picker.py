@@ -46,13 +46,20 @@ class ModelEntry:
     path: Path
     info: ModelInfo | None
     problem: str | None  # why the header could not be read
+    size_bytes: int | None  # None: the file could not be read at all
 
     @staticmethod
     def read(path: Path) -> ModelEntry:
+        """Read once, when listed: the table's cells are asked for on every repaint."""
         try:
-            return ModelEntry(path, read_model_info(path), None)
+            info = read_model_info(path)
+            return ModelEntry(path, info, None, info.size_bytes)
         except ArborError as exc:
-            return ModelEntry(path, None, str(exc))
+            try:
+                size: int | None = path.stat().st_size
+            except OSError:
+                size = None
+            return ModelEntry(path, None, str(exc), size)
 
 
 class Column(IntEnum):
@@ -139,7 +146,7 @@ def _cell(entry: ModelEntry, column: Column) -> str:
     if column is Column.FILE:
         return entry.path.name
     if column is Column.SIZE:
-        return human_size(entry.path.stat().st_size) if entry.path.exists() else "—"
+        return human_size(entry.size_bytes) if entry.size_bytes is not None else "—"
     if info is None:
         return f"cannot be used: {entry.problem}" if column is Column.NAME else ""
     if column is Column.NAME:

@@ -108,8 +108,9 @@ class EngineWorker(QObject):
         self._close()
         self._settings = settings
         self._path = request.path
+        identity = runtime.identity()  # hashes the model file (cached, but once is enough)
         checkpoints = CheckpointStore(
-            runtime.identity(), ram_budget=settings.ram_budget(), disk_dir=self._disk_dir()
+            identity, ram_budget=settings.ram_budget(), disk_dir=self._disk_dir()
         )
         self._generator = Generator(
             runtime, sampling=settings.sampling(), checkpoints=checkpoints,
@@ -124,7 +125,7 @@ class EngineWorker(QObject):
                 backend=runtime.backend,
                 n_ctx=runtime.n_ctx,
                 notices=tuple(runtime.notices),
-                identity=runtime.identity(),
+                identity=identity,
             )
         )
         self._emit_usage()

@@ -18,7 +18,15 @@ from dataclasses import dataclass, replace
 from engine.checkpoints import DEFAULT_INTERVAL, Checkpoint, CheckpointStore, plan_saves
 from engine.llama import SamplingParams
 from engine.prompt import CHATML_TEMPLATE, ChatTemplate, PromptBuilder, Tokenizer
-from engine.runtime import CancelFn, Generation, PlanFn, PrepareReport, ProgressFn, Runtime
+from engine.runtime import (
+    MIN_TAIL,
+    CancelFn,
+    Generation,
+    PlanFn,
+    PrepareReport,
+    ProgressFn,
+    Runtime,
+)
 from engine.tree import Node
 
 log = logging.getLogger(__name__)
@@ -102,7 +110,7 @@ class Generator:
         target = self.prompts.path_tokens(path)
         runtime = self.runtime
         held = runtime.live_tokens[: runtime.canonical_tokens]
-        if len(target) < 2 or (len(held) == len(target) and list(held) == target):
+        if len(target) < MIN_TAIL or (len(held) == len(target) and list(held) == target):
             return None
         if len(target) >= runtime.n_ctx:
             return None  # the real request will say so

@@ -23,7 +23,7 @@ from engine.store import Store
 # shared machine may be slow; every wait ends as soon as its signal comes.
 TIMEOUT = 240_000
 # Short replies keep the tests quick; a test that needs a long one sets its own.
-TEST_SETTINGS = Settings(max_tokens=48, seed=None)
+TEST_SETTINGS = Settings(max_tokens=48)
 
 
 @pytest.fixture

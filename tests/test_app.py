@@ -14,15 +14,13 @@ from engine.store import Store
 from engine.tree import NodeStatus, Role
 from tests.app_fixtures import TIMEOUT, send
 
-_send = send
-
 
 def _texts(win: MainWindow) -> list[str]:
     return [n.text for n in win.tree.messages()]
 
 
 def test_send_streams_a_reply_and_saves_it(qtbot: QtBot, window: MainWindow) -> None:
-    _send(qtbot, window, "Hello there")
+    send(qtbot, window, "Hello there")
     messages = window.tree.messages()
     assert [m.role for m in messages] == [Role.USER, Role.ASSISTANT]
     assert messages[1].text and messages[1].status is NodeStatus.COMPLETE
@@ -37,8 +35,8 @@ def test_send_streams_a_reply_and_saves_it(qtbot: QtBot, window: MainWindow) -> 
 def test_edit_an_early_message_branches_and_switching_back_restores(
     qtbot: QtBot, window: MainWindow
 ) -> None:
-    _send(qtbot, window, "First question")
-    _send(qtbot, window, "Second question")
+    send(qtbot, window, "First question")
+    send(qtbot, window, "Second question")
     old = _texts(window)
     first = window.tree.message(0).id
     with qtbot.waitSignal(window.reply_finished, timeout=TIMEOUT):
@@ -51,7 +49,7 @@ def test_edit_an_early_message_branches_and_switching_back_restores(
 
 
 def test_regenerate_keeps_the_old_reply(qtbot: QtBot, window: MainWindow) -> None:
-    _send(qtbot, window, "Tell me something")
+    send(qtbot, window, "Tell me something")
     reply = window.tree.message(1).id
     with qtbot.waitSignal(window.reply_finished, timeout=TIMEOUT):
         window.regenerate(reply)
@@ -80,16 +78,16 @@ def test_stop_mid_reply_keeps_it_interrupted(qtbot: QtBot, window: MainWindow) -
 
 
 def test_rewind_and_send_starts_a_new_branch(qtbot: QtBot, window: MainWindow) -> None:
-    _send(qtbot, window, "One")
-    _send(qtbot, window, "Two")
+    send(qtbot, window, "One")
+    send(qtbot, window, "Two")
     window.rewind(window.tree.message(1).id)
-    _send(qtbot, window, "Two, differently")
+    send(qtbot, window, "Two, differently")
     assert _texts(window)[2] == "Two, differently"
     assert len(window.tree.siblings(window.tree.message(2).id)) == 2
 
 
 def test_fork_delete_and_undo(qtbot: QtBot, window: MainWindow) -> None:
-    _send(qtbot, window, "Root question")
+    send(qtbot, window, "Root question")
     original = window.current
     window.fork(window.tree.message(1).id)
     assert window.current != original
@@ -113,7 +111,7 @@ def test_fork_delete_and_undo(qtbot: QtBot, window: MainWindow) -> None:
 def test_clicking_a_node_in_the_tree_panel_activates_its_branch(
     qtbot: QtBot, window: MainWindow
 ) -> None:
-    _send(qtbot, window, "Alpha")
+    send(qtbot, window, "Alpha")
     first_reply = window.tree.message(1).id
     with qtbot.waitSignal(window.reply_finished, timeout=TIMEOUT):
         window.edit(window.tree.message(0).id, "Beta")
@@ -138,7 +136,7 @@ def test_importing_a_rejected_file_shows_one_clear_message(
     assert len(shown) == 1 and "broken.arbor was not imported" in shown[0]
     assert "Traceback" not in shown[0]
     window.engine_used = True  # keep the fixture's engine check meaningful
-    _send(qtbot, window, "still works")
+    send(qtbot, window, "still works")
 
 
 def test_a_broken_model_keeps_the_previous_one_working(
@@ -152,7 +150,7 @@ def test_a_broken_model_keeps_the_previous_one_working(
     with qtbot.waitSignal(window.model_failed, timeout=TIMEOUT):
         window.load_model(str(broken))
     assert shown and "broken.gguf" in shown[0]
-    _send(qtbot, window, "Are you there?")
+    send(qtbot, window, "Are you there?")
     assert window.tree.message(1).text
 
 

@@ -22,8 +22,7 @@ from engine.settings import Effect, Settings, load_settings
 from engine.store import Store, StoreWriteError
 from engine.transfer import FileFormat
 from engine.tree import Role
-from tests.app_fixtures import TIMEOUT
-from tests.app_fixtures import send as _send
+from tests.app_fixtures import TIMEOUT, send
 
 
 def _wait_warm(qtbot: QtBot, win: MainWindow) -> Warmed:
@@ -38,7 +37,7 @@ def test_after_a_reply_the_engine_warms_the_branch_and_send_decodes_only_the_new
     qtbot: QtBot, window: MainWindow
 ) -> None:
     with qtbot.waitSignal(window.warmed, timeout=TIMEOUT) as first:
-        _send(qtbot, window, "Tell me about rivers.")
+        send(qtbot, window, "Tell me about rivers.")
     warmed = first.args[0]
     tree = window.tree
     leaf = tree.node(tree.active_leaf)
@@ -55,7 +54,7 @@ def test_after_a_reply_the_engine_warms_the_branch_and_send_decodes_only_the_new
                     timeout=TIMEOUT)
     assert window.tree_panel.node_item(leaf.id).toolTip().count("checkpoint") >= 1
 
-    _send(qtbot, window, "And lakes?")
+    send(qtbot, window, "And lakes?")
     done = window.last_reply
     assert done is not None and done.source == "live"
     assert done.reused_tokens == before  # everything up to the new message was ready
@@ -67,8 +66,8 @@ def test_after_a_reply_the_engine_warms_the_branch_and_send_decodes_only_the_new
 def test_starting_an_edit_warms_the_prefix_before_the_edited_message(
     qtbot: QtBot, window: MainWindow
 ) -> None:
-    _send(qtbot, window, "First question")
-    _send(qtbot, window, "Second question")
+    send(qtbot, window, "First question")
+    send(qtbot, window, "Second question")
     _wait_warm(qtbot, window)
     second_user = window.tree.message(2)
     with qtbot.waitSignal(window.warmed, timeout=TIMEOUT) as blocker:
@@ -85,14 +84,14 @@ def test_starting_an_edit_warms_the_prefix_before_the_edited_message(
 def test_a_context_setting_reloads_the_model_says_so_and_is_saved(
     qtbot: QtBot, window: MainWindow
 ) -> None:
-    _send(qtbot, window, "Hello")
+    send(qtbot, window, "Hello")
     with qtbot.waitSignal(window.model_ready, timeout=TIMEOUT):
         effect = window.apply_settings(replace(window.settings, n_ctx=2048))
         assert effect is Effect.INVALIDATE
         assert "checkpoints do not fit" in window.statusBar().currentMessage()
     assert "ctx 2048" in window.status_model.text()
     assert load_settings().settings.n_ctx == 2048
-    _send(qtbot, window, "Still there?")  # the new context answers
+    send(qtbot, window, "Still there?")  # the new context answers
     assert window.last_reply is not None and window.last_reply.source != "checkpoint"
 
 
@@ -103,7 +102,7 @@ def test_sampling_settings_apply_without_a_reload_and_a_fixed_seed_repeats_a_rep
         assert window.apply_settings(
             replace(window.settings, temperature=1.2, seed=1234, max_tokens=12)
         ) is Effect.LIVE
-    _send(qtbot, window, "Say something")
+    send(qtbot, window, "Say something")
     first = window.tree.node(window.tree.active_leaf)
     window.regenerate(first.id)
     qtbot.waitUntil(lambda: window._streaming is None, timeout=TIMEOUT)
@@ -191,7 +190,7 @@ def test_the_system_prompt_is_per_conversation_and_saved(
     window.open_conversation(first or 0)
     assert window.tree.root.text == "Answer in French."
     assert window.store.load(first or 0).root.text == "Answer in French."
-    _send(qtbot, window, "Hello")
+    send(qtbot, window, "Hello")
     assert window.tree.root.tokens  # rendered with the new text for this reply
 
 
@@ -202,7 +201,7 @@ def _long_replies(window: MainWindow) -> None:
 def test_a_reply_streams_into_its_own_conversation_while_another_is_open(
     qtbot: QtBot, window: MainWindow
 ) -> None:
-    _send(qtbot, window, "Hello")
+    send(qtbot, window, "Hello")
     first = window.current or 0
     _long_replies(window)
     window.composer.setPlainText("Tell me a long story")
@@ -226,7 +225,7 @@ def test_a_reply_streams_into_its_own_conversation_while_another_is_open(
 def test_an_edit_sent_during_a_reply_stops_it_and_is_answered(
     qtbot: QtBot, window: MainWindow
 ) -> None:
-    _send(qtbot, window, "First question")
+    send(qtbot, window, "First question")
     _long_replies(window)
     window.composer.setPlainText("Second question, with a long answer")
     with qtbot.waitSignal(window.text_shown, timeout=TIMEOUT):
@@ -250,7 +249,7 @@ def test_a_session_file_carries_its_checkpoints_to_another_installation(
 ) -> None:
     """Export with checkpoints on one machine, import on a fresh one: the first reply there
     restores the imported state instead of reading the conversation from the start."""
-    _send(qtbot, window, "Tell me about rivers, at length, please.")
+    send(qtbot, window, "Tell me about rivers, at length, please.")
     _wait_warm(qtbot, window)
     out = tmp_path / "rivers.arbor"
     with qtbot.waitSignal(window.export_finished, timeout=TIMEOUT) as exported:
@@ -281,7 +280,7 @@ def test_a_session_file_carries_its_checkpoints_to_another_installation(
     other.worker.preempt()
     before = sum(len(n.tokens or ()) for n in other.tree.active_path())
     assert before > 0
-    _send(qtbot, other, "And lakes?")
+    send(qtbot, other, "And lakes?")
     assert other.last_reply is not None and other.last_reply.source == "checkpoint"
     assert other.last_reply.reused_tokens == before  # the whole imported branch
     other.close()
@@ -310,7 +309,7 @@ def test_an_internal_error_during_a_reply_is_reported_and_the_window_recovers(
     assert window._streaming is None and window.send_button.text() == "Send"
     assert [m.role for m in window.tree.messages()] == [Role.USER]  # no empty reply kept
     monkeypatch.setattr(Generator, "generate", original)  # the engine_calls watch stays
-    _send(qtbot, window, "Hello again")  # the engine still answers
+    send(qtbot, window, "Hello again")  # the engine still answers
     assert window.tree.messages()[-1].role is Role.ASSISTANT
 
 
@@ -319,7 +318,7 @@ def test_a_message_the_store_refuses_leaves_the_window_as_saved(
 ) -> None:
     """A full disk: one clear message, the composer keeps the text, and the window shows
     exactly what is in the database."""
-    _send(qtbot, window, "Hello")
+    send(qtbot, window, "Hello")
     shown: list[str] = []
     monkeypatch.setattr("app.main_window.QMessageBox.warning",
                         lambda _parent, _title, text: shown.append(text))

@@ -187,25 +187,35 @@ class _Blocked:
         return parse
 
 
-def test_closing_while_a_file_is_read_commits_nothing_and_ends_the_thread(
-    qtbot: QtBot, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, warnings: list[str]
-) -> None:
-    blocked = _Blocked(until_cancelled=True)
-    _wrap_parse(monkeypatch, blocked.wrap)
-    db = tmp_path / "c.db"
-    win = MainWindow(store=Store(db))
+def _close_mid_import(
+    qtbot: QtBot, tmp_path: Path, entered: threading.Event
+) -> tuple[MainWindow, list[ConversationInfo], list[object]]:
+    """Start an import, wait until it is inside the step the test holds, close the window,
+    and run whatever the close left queued. Returns the window, the conversations before,
+    and every `import_finished` seen."""
+    win = MainWindow(store=Store(tmp_path / "c.db"))
     qtbot.addWidget(win)
     before = win.store.list()
     finished: list[object] = []
     win.import_finished.connect(finished.append)
     assert win.import_path(_chatgpt_file(tmp_path))
-    assert blocked.entered.wait(TIMEOUT / 1000)
-    win.close()  # the parse is still blocked: only the importer's cancel can free it
+    assert entered.wait(TIMEOUT / 1000)
+    win.close()
+    QCoreApplication.processEvents()  # anything still queued must find nothing to do
+    return win, before, finished
+
+
+def test_closing_while_a_file_is_read_commits_nothing_and_ends_the_thread(
+    qtbot: QtBot, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, warnings: list[str]
+) -> None:
+    blocked = _Blocked(until_cancelled=True)
+    _wrap_parse(monkeypatch, blocked.wrap)
+    # The parse is still blocked at the close: only the importer's cancel can free it.
+    win, before, finished = _close_mid_import(qtbot, tmp_path, blocked.entered)
     assert blocked.saw_cancel == [True]
     assert not win.importer.busy and not win._thread.isRunning()
-    QCoreApplication.processEvents()  # anything still queued must find nothing to do
     assert finished == [] and warnings == []
-    with Store(db) as store:
+    with Store(tmp_path / "c.db") as store:
         assert store.list() == before
 
 
@@ -225,19 +235,10 @@ def test_closing_during_the_commit_commits_nothing(
         return real_commit(parsed, store, **kwargs)
 
     monkeypatch.setattr(app.importer, "commit_import", commit)
-    db = tmp_path / "c.db"
-    win = MainWindow(store=Store(db))
-    qtbot.addWidget(win)
-    before = win.store.list()
-    finished: list[object] = []
-    win.import_finished.connect(finished.append)
-    assert win.import_path(_chatgpt_file(tmp_path))
-    assert entered.wait(TIMEOUT / 1000)
-    win.close()
+    win, before, finished = _close_mid_import(qtbot, tmp_path, entered)
     assert not win.importer.busy
-    QCoreApplication.processEvents()
     assert finished == [] and warnings == []
-    with Store(db) as store:
+    with Store(tmp_path / "c.db") as store:
         assert store.list() == before
         assert store.integrity_ok()
 
