@@ -173,6 +173,7 @@ class MainWindow(QMainWindow):
         self.worker.planned.connect(self._on_plan)
         self.worker.warmed.connect(self._on_warmed)
         self.worker.loaded.connect(self._on_loaded)
+        self.worker.template_changed.connect(self._on_template_changed)
         self.worker.load_failed.connect(self._on_load_failed)
         self.worker.progress.connect(self._on_progress)
         self.worker.yielded.connect(self._on_piece)
@@ -373,6 +374,15 @@ class MainWindow(QMainWindow):
         self._schedule_warm()
 
     @Slot(str)
+    def _on_template_changed(self, description: str) -> None:
+        if self._model is not None:
+            self._model = replace(self._model, template=description)
+            self._update_status()
+        self.statusBar().showMessage(f"Chat template for new messages: {description}", 10_000)
+        self._warmed_path = None  # the next prompt's opening may render differently now
+        self._schedule_warm()
+
+    @Slot(str)
     def _on_load_failed(self, message: str) -> None:
         self._hide_busy()
         self._update_status()
@@ -388,12 +398,25 @@ class MainWindow(QMainWindow):
 
     @Slot()
     def pick_model(self) -> None:
-        picker = ModelPicker(self._model.path if self._model else None, self)
+        loaded = self._model.path if self._model else None
+        picker = ModelPicker(loaded, self, settings=self.settings)
         if picker.exec() == ModelPicker.DialogCode.Accepted:
             chosen = picker.chosen()
             if chosen is not None:
-                self.load_model(str(chosen))
+                self.choose_model(chosen, picker.chosen_template())
         picker.deleteLater()
+
+    def choose_model(self, path: Path, template: str | None) -> None:
+        """Load `path`, with `template` (None: automatic) for its new messages. A new
+        template for the loaded model applies at once, without loading it again."""
+        updated = self.settings.with_template(path, template)
+        same = self._model is not None and Path(self._model.path) == path
+        if same and updated != self.settings:
+            self.apply_settings(updated)  # the engine renders new messages with it
+            return
+        if updated != self.settings and not self._apply_settings(updated, send=False):
+            return
+        self.load_model(str(path))
 
     @Slot()
     def edit_settings(self) -> None:
@@ -473,6 +496,7 @@ class MainWindow(QMainWindow):
             self.status_model.setText(
                 f"{m.name} · {m.memory_kind.replace('_', ' ')} · {m.backend} · ctx {m.n_ctx}"
             )
+            self.status_model.setToolTip(f"{m.path}\nChat template: {m.template}")
         if self._usage is not None:
             u = self._usage
             self.status_store.setText(
@@ -892,7 +916,7 @@ class MainWindow(QMainWindow):
             reply = tree.node(done.reply_id)
             reply.text = done.text
             reply.tokens = done.tokens
-            reply.meta["open_len"] = done.open_len
+            reply.meta.update(dict(done.meta))
             reply.meta["finish"] = done.finish
             reply.status = (NodeStatus.INTERRUPTED if done.finish == "cancelled"
                             else NodeStatus.COMPLETE)
@@ -1188,5 +1212,4 @@ class MainWindow(QMainWindow):
 
 def _global_view(conversation_id: int, node: Node) -> NodeView:
     view = NodeView.of(node)
-    return NodeView(global_id(conversation_id, view.id), view.role, view.text, view.tokens,
-                    view.open_len)
+    return replace(view, id=global_id(conversation_id, view.id))

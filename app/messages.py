@@ -19,16 +19,22 @@ class NodeView:
     text: str
     tokens: tuple[int, ...] | None
     open_len: int | None = None
+    prompt_len: int | None = None  # where the reply's generation prompt ends
 
     @staticmethod
     def of(node: Node) -> NodeView:
-        open_len = node.meta.get("open_len")
+        open_len, prompt_len = node.meta.get("open_len"), node.meta.get("prompt_len")
         return NodeView(node.id, node.role, node.text, node.tokens,
-                        open_len if isinstance(open_len, int) else None)
+                        open_len if isinstance(open_len, int) else None,
+                        prompt_len if isinstance(prompt_len, int) else None)
 
     def to_node(self) -> Node:
         """A private, mutable copy for the engine thread."""
-        meta: dict[str, object] = {} if self.open_len is None else {"open_len": self.open_len}
+        meta: dict[str, object] = {}
+        if self.open_len is not None:
+            meta["open_len"] = self.open_len
+        if self.prompt_len is not None:
+            meta["prompt_len"] = self.prompt_len
         return Node(id=self.id, parent=None, role=self.role, text=self.text, created=0.0,
                     tokens=self.tokens, meta=meta)
 
@@ -98,6 +104,7 @@ class ModelLoaded:
     n_ctx: int
     notices: tuple[str, ...]
     identity: Identity | None = None  # what a checkpoint must match to load in this context
+    template: str = ""  # which chat template renders new messages, in words
 
 
 @dataclass(frozen=True)
@@ -124,7 +131,7 @@ class ReplyDone:
     node_tokens: tuple[tuple[int, tuple[int, ...]], ...]  # tokens rendered for path nodes
     text: str
     tokens: tuple[int, ...]
-    open_len: int
+    meta: tuple[tuple[str, object], ...]  # what the reply node keeps (ReplyTokens.meta)
     finish: str
     prompt_tokens: int
     reused_tokens: int

@@ -1,13 +1,15 @@
 """The model picker: the bundled default, the models folder, and any GGUF file.
 
 Each row shows what the GGUF header says (name, architecture, file size, trained context
-length, memory kind) without loading the weights; a file whose header cannot be read is
-listed with the reason and cannot be chosen.
+length, memory kind, chat template) without loading the weights; a file whose header cannot be
+read is listed with the reason and cannot be chosen. The chat template can be chosen per model
+file: automatic (the file's own, else llama.cpp's built-in one for the architecture) or any
+template llama.cpp knows by name.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
 from pathlib import Path
@@ -23,9 +25,11 @@ from PySide6.QtCore import (
 from PySide6.QtGui import QDesktopServices, QFont
 from PySide6.QtWidgets import (
     QAbstractItemView,
+    QComboBox,
     QDialog,
     QDialogButtonBox,
     QFileDialog,
+    QHBoxLayout,
     QHeaderView,
     QLabel,
     QPushButton,
@@ -37,6 +41,14 @@ from PySide6.QtWidgets import (
 from engine.errors import ArborError
 from engine.model import ModelInfo, list_models, read_model_info
 from engine.paths import data_dirs
+from engine.settings import Settings
+from engine.templates import MODEL_TEMPLATE, TemplateChoice, choose_template, template_options
+
+TEMPLATE_NOTE = (
+    "A template applies to messages the model has not read yet. Messages it has read keep "
+    "the tokens they were first rendered to, so existing conversations go on exactly as "
+    "they were."
+)
 
 ModelIndex = QModelIndex | QPersistentModelIndex
 
@@ -68,10 +80,11 @@ class Column(IntEnum):
     SIZE = 2
     CONTEXT = 3
     MEMORY = 4
-    FILE = 5
+    TEMPLATE = 5
+    FILE = 6
 
 
-_HEADERS = ("Name", "Architecture", "Size", "Context", "Memory kind", "File")
+_HEADERS = ("Name", "Architecture", "Size", "Context", "Memory kind", "Chat template", "File")
 
 
 def human_size(n: int) -> str:
@@ -83,11 +96,16 @@ def human_size(n: int) -> str:
     raise AssertionError("unreachable")
 
 
+TemplateFn = Callable[[ModelEntry], TemplateChoice | None]
+
+
 class ModelListModel(QAbstractTableModel):
-    def __init__(self, entries: Sequence[ModelEntry] = (), loaded: str | None = None) -> None:
+    def __init__(self, entries: Sequence[ModelEntry] = (), loaded: str | None = None,
+                 template: TemplateFn | None = None) -> None:
         super().__init__()
         self._entries = list(entries)
         self._loaded = loaded
+        self._template = template or (lambda _entry: None)
 
     def rowCount(self, parent: ModelIndex = QModelIndex()) -> int:  # noqa: B008
         return 0 if parent.isValid() else len(self._entries)
@@ -115,6 +133,9 @@ class ModelListModel(QAbstractTableModel):
         entry = self._entries[index.row()]
         column = Column(index.column())
         if role == Qt.ItemDataRole.DisplayRole:
+            if column is Column.TEMPLATE:
+                choice = self._template(entry) if entry.info is not None else None
+                return choice.describe() if choice is not None else ""
             return _cell(entry, column)
         if role == Qt.ItemDataRole.ToolTipRole:
             return entry.problem or str(entry.path)
@@ -140,6 +161,10 @@ class ModelListModel(QAbstractTableModel):
         self.endInsertRows()
         return row
 
+    def template_changed(self, row: int) -> None:
+        cell = self.index(row, Column.TEMPLATE)
+        self.dataChanged.emit(cell, cell, [Qt.ItemDataRole.DisplayRole])
+
 
 def _cell(entry: ModelEntry, column: Column) -> str:
     info = entry.info
@@ -160,15 +185,27 @@ def _cell(entry: ModelEntry, column: Column) -> str:
 
 
 class ModelPicker(QDialog):
-    """Choose a model; `chosen()` is its path once the dialog is accepted."""
+    """Choose a model and its chat template; `chosen()` is its path and `chosen_template()`
+    the template (None: automatic) once the dialog is accepted."""
 
     def __init__(self, loaded: str | None = None, parent: QWidget | None = None,
-                 paths: Sequence[Path] | None = None) -> None:
+                 paths: Sequence[Path] | None = None, *, settings: Settings | None = None,
+                 builtin: Sequence[str] | None = None) -> None:
         super().__init__(parent)
         self.setWindowTitle("Models")
-        self.resize(820, 360)
+        self.resize(980, 400)
+        settings = settings or Settings()
+        if builtin is None:
+            from engine.llama import builtin_template_names  # the names llama.cpp knows
+
+            builtin = builtin_template_names()
+        self._builtin = list(builtin)
+        # The template picked per file in this dialog; files not here keep their setting.
+        self._templates: dict[Path, str | None] = {}
+        self._settings = settings
         found = list(paths) if paths is not None else list_models(data_dirs())
-        self.model = ModelListModel([ModelEntry.read(p) for p in found], loaded)
+        self.model = ModelListModel([ModelEntry.read(p) for p in found], loaded,
+                                    self._template_of)
         self.table = QTableView()
         self.table.setModel(self.model)
         self.table.setSelectionBehavior(QAbstractItemView.SelectionBehavior.SelectRows)
@@ -200,8 +237,20 @@ class ModelPicker(QDialog):
         browse.clicked.connect(self._browse)
         self.buttons.accepted.connect(self.accept)
         self.buttons.rejected.connect(self.reject)
+        self.template_box = QComboBox()
+        self.template_box.setSizeAdjustPolicy(
+            QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+        self.template_box.setMinimumContentsLength(40)
+        self.template_box.currentIndexChanged.connect(self._on_template_picked)
+        template_row = QHBoxLayout()
+        template_row.addWidget(QLabel("Chat template:"))
+        template_row.addWidget(self.template_box, 1)
+        note = QLabel(TEMPLATE_NOTE)
+        note.setWordWrap(True)
         column = QVBoxLayout(self)
         column.addWidget(self.table)
+        column.addLayout(template_row)
+        column.addWidget(note)
         column.addWidget(hint)
         column.addWidget(self.buttons)
         self.table.selectionModel().selectionChanged.connect(self._update)
@@ -215,11 +264,57 @@ class ModelPicker(QDialog):
         self.table.selectRow(row)
 
     def chosen(self) -> Path | None:
+        entry = self._selected()
+        return entry.path if entry is not None and entry.info is not None else None
+
+    def chosen_template(self) -> str | None:
+        """The template picked for the chosen model: a name, or None for automatic."""
+        entry = self._selected()
+        return self._picked(entry) if entry is not None else None
+
+    def _selected(self) -> ModelEntry | None:
         rows = self.table.selectionModel().selectedRows()
-        if not rows:
+        return self.model.entry(rows[0].row()) if rows else None
+
+    def _picked(self, entry: ModelEntry) -> str | None:
+        if entry.path in self._templates:
+            return self._templates[entry.path]
+        return self._settings.template_for(entry.path)
+
+    def _template_of(self, entry: ModelEntry) -> TemplateChoice | None:
+        if entry.info is None:
             return None
+        return choose_template(
+            embedded=entry.info.chat_template, architecture=entry.info.architecture,
+            chosen=self._picked(entry), builtin=self._builtin,
+        )
+
+    def _fill_templates(self) -> None:
+        """The selected model's choices: automatic first, then every template it can use."""
+        entry = self._selected()
+        box = self.template_box
+        box.blockSignals(True)
+        box.clear()
+        if entry is not None and entry.info is not None:
+            automatic = choose_template(
+                embedded=entry.info.chat_template, architecture=entry.info.architecture,
+                chosen=None, builtin=self._builtin,
+            )
+            box.addItem(f"Automatic: {automatic.describe()}", None)
+            for name in template_options(entry.info.chat_template, self._builtin):
+                box.addItem("the model's own" if name == MODEL_TEMPLATE else name, name)
+            picked = self._picked(entry)
+            box.setCurrentIndex(max(0, box.findData(picked)) if picked is not None else 0)
+        box.setEnabled(entry is not None and entry.info is not None)
+        box.blockSignals(False)
+
+    def _on_template_picked(self, index: int) -> None:
+        rows = self.table.selectionModel().selectedRows()
+        if not rows or index < 0:
+            return
         entry = self.model.entry(rows[0].row())
-        return entry.path if entry.info is not None else None
+        self._templates[entry.path] = self.template_box.itemData(index)
+        self.model.template_changed(rows[0].row())
 
     def add_file(self, path: Path) -> None:
         row = self.model.add(ModelEntry.read(path))
@@ -228,6 +323,7 @@ class ModelPicker(QDialog):
 
     def _update(self) -> None:
         self.load_button.setEnabled(self.chosen() is not None)
+        self._fill_templates()
 
     def _on_double_click(self, index: QModelIndex) -> None:
         if self.model.entry(index.row()).info is not None:

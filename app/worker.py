@@ -59,6 +59,7 @@ class EngineWorker(QObject):
     usage = Signal(object)  # StoreUsage
     planned = Signal(object)  # Plan
     warmed = Signal(object)  # Warmed
+    template_changed = Signal(str)  # the chat template for new messages, in words
     exported = Signal(object)  # ExportDone
 
     def __init__(self) -> None:
@@ -105,17 +106,24 @@ class EngineWorker(QObject):
             log.exception("loading %s failed", request.path)
             self.load_failed.emit(f"an internal error stopped the load ({type(exc).__name__})")
             return
+        identity = runtime.identity()  # hashes the model file (cached, but once is enough)
+        try:
+            generator = Generator(
+                runtime, sampling=settings.sampling(),
+                checkpoints=CheckpointStore(
+                    identity, ram_budget=settings.ram_budget(), disk_dir=self._disk_dir()
+                ),
+                checkpoint_interval=settings.checkpoint_interval,
+                template=settings.template_for(request.path),
+            )
+        except ArborError as exc:  # a chat template Jinja or llama.cpp cannot use
+            runtime.close()
+            self.load_failed.emit(str(exc))  # the previous model keeps working
+            return
         self._close()
         self._settings = settings
         self._path = request.path
-        identity = runtime.identity()  # hashes the model file (cached, but once is enough)
-        checkpoints = CheckpointStore(
-            identity, ram_budget=settings.ram_budget(), disk_dir=self._disk_dir()
-        )
-        self._generator = Generator(
-            runtime, sampling=settings.sampling(), checkpoints=checkpoints,
-            checkpoint_interval=settings.checkpoint_interval,
-        )
+        self._generator = generator
         self.loaded.emit(
             ModelLoaded(
                 name=runtime.model.info.name,
@@ -126,6 +134,7 @@ class EngineWorker(QObject):
                 n_ctx=runtime.n_ctx,
                 notices=tuple(runtime.notices),
                 identity=identity,
+                template=generator.template.describe(),
             )
         )
         self._emit_usage()
@@ -139,10 +148,15 @@ class EngineWorker(QObject):
         if effect in (Effect.RELOAD, Effect.INVALIDATE) and self._path is not None:
             self.load(LoadRequest(self._path, settings))
             return
-        self._settings = settings
+        previous, self._settings = self._settings, settings
         if generator is not None:
             generator.configure(sampling=settings.sampling(),
                                 checkpoint_interval=settings.checkpoint_interval)
+            if self._path is not None:
+                chosen = settings.template_for(self._path)
+                if chosen != previous.template_for(self._path):
+                    generator.use_template(chosen)
+                    self.template_changed.emit(generator.template.describe())
             if generator.checkpoints is not None:
                 generator.checkpoints.configure(ram_budget=settings.ram_budget(),
                                                 disk_dir=self._disk_dir())
@@ -242,7 +256,7 @@ class EngineWorker(QObject):
                 ),
                 text=text,
                 tokens=finished.tokens,
-                open_len=finished.open_len,
+                meta=tuple(finished.meta().items()),
                 finish=generation.finish.value,
                 prompt_tokens=report.prompt_tokens,
                 reused_tokens=report.reused_tokens,

@@ -1,9 +1,10 @@
 """Checkpoints: saved per-sequence engine state after a known prefix of tokens.
 
-A checkpoint holds the exact tokens its state covers, so it is valid for a target exactly when
-those tokens are a prefix of the target; that is the same as "on the target's path in the
-tree", since a path's tokens are its nodes' tokens. It is attached to the tree node that holds
-its last token, so deleting the node frees it.
+A checkpoint holds the exact tokens its state covers and the chunk ends they were decoded with,
+so it is valid for a target exactly when those tokens are a prefix of the target and those ends
+are the target's decode schedule up to there (`engine.schedule`); the first is the same as "on
+the target's path in the tree", since a path's tokens are its nodes' tokens. It is attached to
+the tree node that holds its last token, so deleting the node frees it.
 
 The store keeps checkpoints in RAM under a budget and spills the least valuable ones to a disk
 tier before dropping anything. Every blob carries the identity of the context that made it; a
@@ -23,17 +24,18 @@ import time
 from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any, BinaryIO, TypeGuard
 
 from engine.atomic import atomic_writer
 from engine.model import MemoryKind
+from engine.schedule import Schedule, crossing
 
 log = logging.getLogger(__name__)
 
 _ids = itertools.count(1)
 DEFAULT_INTERVAL = 2048
 _FILE_MAGIC = b"ARBORCKP"
-_FILE_VERSION = 1
+_FILE_VERSION = 2  # 2: the chunk ends ("bounds"); version 1 files are discarded
 _HEADER_LIMIT = 1 << 26
 
 
@@ -62,6 +64,9 @@ class Identity:
 class Checkpoint:
     tokens: tuple[int, ...]  # the prefix the state covers: positions 0..len-1
     blob: bytes | bytearray | None  # the state (never mutated); None while only on disk
+    # The chunk ends the state was decoded with; the last is len(tokens). Empty: unknown,
+    # never restored.
+    bounds: tuple[int, ...] = ()
     flags: int = 0
     node_id: int | None = None
     id: int = field(default_factory=lambda: next(_ids))
@@ -83,6 +88,16 @@ class Checkpoint:
         n = len(self.tokens)
         return n <= len(target) and tuple(target[:n]) == self.tokens
 
+    def fits(self, target: Sequence[int], schedule: Schedule) -> bool:
+        """Whether restoring this and decoding the rest of `target` by `schedule` gives
+        exactly the state a full decode by `schedule` gives: a prefix decoded with the
+        schedule's own chunk ends, leaving at least the last chunk to decode."""
+        return (
+            self.n_tokens < len(target)
+            and schedule.agrees(self.bounds)
+            and self.is_prefix_of(target)
+        )
+
 
 # --- placement -----------------------------------------------------------------------------
 
@@ -90,34 +105,10 @@ class Checkpoint:
 RECURRENT_INTERVAL = 256
 
 
-def interval_positions(start: int, end: int, last_pos: int, interval: int) -> list[int]:
-    """Token counts in (start, end] at which an interval checkpoint is due.
-
-    `last_pos` is the position (pos_max) of the newest checkpoint on the path, -1 for none
-    yet. A checkpoint ending at position p is due when last_pos + interval <= p; no +1.
-    With interval 2048 and an 8,494-token prompt this gives 2048, 4096, 6144 and 8192.
-    """
-    if interval <= 0:
-        return []
-    out: list[int] = []
-    due = last_pos + interval  # the first position (pos_max) at which one is due
-    while due + 1 <= end:
-        n = due + 1
-        if n > start:
-            out.append(n)
-        due = n - 1 + interval
-    return out
-
-
 def plan_saves(
-    kind: MemoryKind,
-    node_ends: Sequence[int],
-    prompt_len: int,
-    start: int,
-    last_pos: int,
-    interval: int,
+    kind: MemoryKind, schedule: Schedule, node_ends: Sequence[int], interval: int
 ) -> list[int]:
-    """Where to capture state while decoding positions [start, prompt_len).
+    """Where to capture state while decoding a target by `schedule`: always chunk ends.
 
     - The end of the prompt, always: a reply's tokens come from one-token decodes that a
       batched decode would not reproduce, so the last exact state before a reply is the
@@ -126,18 +117,20 @@ def plan_saves(
       recurrent, hybrid and sliding-window models. A dense cache is cut back to any
       node end of the live branch for free, so it only needs the prompt-end states to jump
       to a branch that is not live.
-    - Inside long stretches, at most one per `interval` tokens, through the gate. A
+    - Inside long stretches, the first chunk end at or past each multiple of `interval`. A
       recurrent state is the same size wherever it is taken (a few MiB, against a KV cache
       that grows with every token), so there the interval is at most RECURRENT_INTERVAL:
       an edit near the end of a long message then re-reads a few hundred tokens, not all.
+    The answer depends on the schedule alone, never on what the store already holds.
     """
     if kind is MemoryKind.RECURRENT and interval > 0:
         interval = min(interval, RECURRENT_INTERVAL)
-    saves = {prompt_len}
+    ends = set(schedule.ends)
+    saves = {schedule.length}
     if kind is not MemoryKind.DENSE:
-        saves.update(n for n in node_ends if start < n < prompt_len)
-    saves.update(interval_positions(start, prompt_len, last_pos, interval))
-    return sorted(n for n in saves if start < n <= prompt_len)
+        saves.update(n for n in node_ends if n in ends)
+    saves.update(crossing(schedule, 0, interval))
+    return sorted(saves)
 
 
 # --- the store -----------------------------------------------------------------------------
@@ -203,16 +196,12 @@ class CheckpointStore:
     def all(self) -> list[Checkpoint]:
         return [e.checkpoint for e in self._entries.values()]
 
-    def candidates(self, target: Sequence[int]) -> list[Checkpoint]:
-        """Every checkpoint whose tokens are a prefix of `target`, deepest first."""
-        found = [e.checkpoint for e in self._entries.values() if e.checkpoint.is_prefix_of(target)]
+    def candidates(self, target: Sequence[int], schedule: Schedule) -> list[Checkpoint]:
+        """Every checkpoint that fits `target` decoded by `schedule`, deepest first."""
+        found = [e.checkpoint for e in self._entries.values()
+                 if e.checkpoint.fits(target, schedule)]
         found.sort(key=lambda c: c.n_tokens, reverse=True)
         return found
-
-    def last_pos(self, target: Sequence[int]) -> int:
-        """The position of the deepest checkpoint on the target's path, -1 for none."""
-        found = self.candidates(target)
-        return found[0].pos_max if found else -1
 
     def nodes_with_checkpoints(self) -> dict[int, str]:
         """node id -> "ram" or "disk", for the tree panel."""
@@ -244,8 +233,11 @@ class CheckpointStore:
     def add(self, checkpoint: Checkpoint) -> None:
         """Keep a new checkpoint in RAM. The budget is enforced later, by `enforce_budget`,
         so that creation costs no more than the copy already made."""
+        if not valid_bounds(checkpoint.bounds, checkpoint.n_tokens):
+            raise ValueError("a checkpoint without its chunk ends can never be restored")
         for entry in self._entries.values():
-            if entry.checkpoint.tokens == checkpoint.tokens:
+            held = entry.checkpoint
+            if held.tokens == checkpoint.tokens and held.bounds == checkpoint.bounds:
                 entry.last_used = time.monotonic()
                 return  # the same state is already kept
         self._entries[checkpoint.id] = _Entry(checkpoint, time.monotonic())
@@ -261,7 +253,9 @@ class CheckpointStore:
             return entry.checkpoint
         assert entry.path is not None
         loaded = self._read_file(entry.path)
-        if loaded is None or loaded.tokens != checkpoint.tokens:
+        if loaded is None or (loaded.tokens, loaded.bounds) != (
+            checkpoint.tokens, checkpoint.bounds
+        ):
             self.reject(checkpoint.id)
             return None
         return replace(checkpoint, blob=loaded.blob)
@@ -365,6 +359,7 @@ class CheckpointStore:
         header = json.dumps({
             "identity": asdict(self.identity),
             "tokens": list(checkpoint.tokens),
+            "bounds": list(checkpoint.bounds),
             "flags": checkpoint.flags,
             "node_id": checkpoint.node_id,
             "size": checkpoint.size,
@@ -392,6 +387,8 @@ class CheckpointStore:
         tokens = header["tokens"]
         if not tokens or not all(isinstance(t, int) for t in tokens):
             raise ValueError("bad token list")
+        if not valid_bounds(header.get("bounds"), len(tokens)):
+            raise ValueError("bad chunk ends")
         if not isinstance(header["size"], int) or not isinstance(header["sha256"], str):
             raise ValueError("bad size or checksum field")
         return header
@@ -415,7 +412,8 @@ class CheckpointStore:
             return None
         node = header.get("node_id")
         return Checkpoint(
-            tokens=tuple(header["tokens"]), blob=blob, flags=int(header["flags"]),
+            tokens=tuple(header["tokens"]), blob=blob, bounds=tuple(header["bounds"]),
+            flags=int(header["flags"]),
             node_id=node if isinstance(node, int) else None, size=size,
         )
 
@@ -435,3 +433,14 @@ class CheckpointStore:
             self._entries[light.id] = _Entry(light, 0.0, path=path, in_ram=False)
         for stale in self._disk.glob("*.tmp"):
             stale.unlink(missing_ok=True)
+
+
+def valid_bounds(bounds: object, n_tokens: int) -> TypeGuard[list[int] | tuple[int, ...]]:
+    """Chunk ends as a file may carry them: ascending positive ints ending at n_tokens."""
+    if not isinstance(bounds, list | tuple) or not bounds:
+        return False
+    if not all(isinstance(b, int) and not isinstance(b, bool) for b in bounds):
+        return False
+    return bounds[0] > 0 and bounds[-1] == n_tokens and all(
+        a < b for a, b in itertools.pairwise(bounds)
+    )

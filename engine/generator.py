@@ -16,10 +16,9 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from engine.checkpoints import DEFAULT_INTERVAL, Checkpoint, CheckpointStore, plan_saves
-from engine.llama import SamplingParams
-from engine.prompt import CHATML_TEMPLATE, ChatTemplate, PromptBuilder, Tokenizer
+from engine.llama import SamplingParams, apply_builtin_template, builtin_template_names
+from engine.prompt import BuiltinTemplate, ChatTemplate, PromptBuilder, Template, Tokenizer
 from engine.runtime import (
-    MIN_TAIL,
     CancelFn,
     Generation,
     PlanFn,
@@ -27,6 +26,7 @@ from engine.runtime import (
     ProgressFn,
     Runtime,
 )
+from engine.templates import TemplateChoice, TemplateOrigin, choose_template
 from engine.tree import Node
 
 log = logging.getLogger(__name__)
@@ -47,6 +47,17 @@ class Prepared:
 class ReplyTokens:
     tokens: tuple[int, ...]  # generation prompt + generated tokens + the template's closing
     open_len: int  # tokens before the closing: where a continuation starts
+    # Tokens of the generation prompt at the start, where the prompt that produced the reply
+    # ended: a mark of the path's decode schedule (PromptBuilder.marks). None when the
+    # template re-rendered the reply.
+    prompt_len: int | None = None
+
+    def meta(self) -> dict[str, object]:
+        """What the reply node keeps of this (its `meta`)."""
+        out: dict[str, object] = {"open_len": self.open_len}
+        if self.prompt_len is not None:
+            out["prompt_len"] = self.prompt_len
+        return out
 
 
 class Generator:
@@ -58,19 +69,39 @@ class Generator:
         use_cache: bool = True,
         checkpoints: CheckpointStore | None = None,
         checkpoint_interval: int = DEFAULT_INTERVAL,
+        template: str | None = None,
     ) -> None:
+        """`template`: the chat template's name as the user chose it for this model
+        (`engine.templates`); None picks the model's own, else llama.cpp's built-in one."""
         self.runtime = runtime
         self.sampling = sampling or SamplingParams()
         self.use_cache = use_cache
         self.checkpoints = checkpoints if use_cache else None
         self.checkpoint_interval = checkpoint_interval
-        model = runtime.model
-        source = model.chat_template()
-        if source is None:
-            log.warning("%s has no chat template; using ChatML", model.path.name)
-            source = CHATML_TEMPLATE
-        template = ChatTemplate(source, bos_text=model.bos_text, eos_text=model.eos_text)
-        self.prompts = PromptBuilder(template, Tokenizer(tokenize=model.tokenize, bos=model.bos))
+        self.template: TemplateChoice
+        self.prompts = self._prompt_builder(template)
+
+    def use_template(self, chosen: str | None) -> TemplateChoice:
+        """Render nodes that have no tokens yet with another template (None: automatic).
+        Nodes that have tokens keep them: a path's prefix never changes."""
+        self.prompts = self._prompt_builder(chosen)
+        return self.template
+
+    def _prompt_builder(self, chosen: str | None) -> PromptBuilder:
+        model = self.runtime.model
+        embedded = model.chat_template()
+        self.template = choose_template(
+            embedded=embedded, architecture=model.info.architecture, chosen=chosen,
+            builtin=builtin_template_names(),
+        )
+        if self.template.origin is not TemplateOrigin.MODEL:
+            log.info("%s: chat template %s", model.path.name, self.template.describe())
+        template: Template
+        if self.template.is_model_own and embedded is not None:
+            template = ChatTemplate(embedded, bos_text=model.bos_text, eos_text=model.eos_text)
+        else:
+            template = BuiltinTemplate(self.template.name, apply_builtin_template)
+        return PromptBuilder(template, Tokenizer(tokenize=model.tokenize, bos=model.bos))
 
     # --- the three steps of a reply ------------------------------------------------------
 
@@ -89,12 +120,17 @@ class Generator:
             before: list[int] = []
             base_text = ""
             target = self.prompts.target(path)
+            marks = self.prompts.marks(path)
         else:
             opened = self.prompts.open_reply_tokens(path, resume)
             before = opened[len(self.prompts.generation_prompt(path)):]
             base_text = resume.text
             target = self.prompts.path_tokens(path) + opened
-        report = self._prepare(list(path), target, on_progress, cancel, on_plan)
+            marks = self.prompts.marks(path)
+            opening = self.prompts.reply_opening(opened)
+            if opening is not None:  # as the finished reply will mark it (PromptBuilder.marks)
+                marks.append(marks[-1] + opening)
+        report = self._prepare(list(path), target, marks, on_progress, cancel, on_plan)
         return Prepared(report, tuple(before), base_text)
 
     def warm(self, path: Sequence[Node], *, cancel: CancelFn | None = None) -> PrepareReport | None:
@@ -108,13 +144,16 @@ class Generator:
         if not self.use_cache:
             return None  # every prompt is decoded from scratch anyway
         target = self.prompts.path_tokens(path)
+        marks = self.prompts.marks(path)
         runtime = self.runtime
+        if not target or len(target) >= runtime.n_ctx:
+            return None  # nothing to warm, or the real request will say it does not fit
         held = runtime.live_tokens[: runtime.canonical_tokens]
-        if len(target) < MIN_TAIL or (len(held) == len(target) and list(held) == target):
+        if list(held) == target and runtime.schedule(len(target), marks).agrees(
+            runtime.live_bounds
+        ):
             return None
-        if len(target) >= runtime.n_ctx:
-            return None  # the real request will say so
-        report = self._prepare(list(path), target, None, cancel, None)
+        report = self._prepare(list(path), target, marks, None, cancel, None)
         runtime.flush_capture()  # no reply follows: keep the branch's checkpoint now
         return report
 
@@ -139,8 +178,11 @@ class Generator:
         self, path: Sequence[Node], generated: Sequence[int], text: str
     ) -> ReplyTokens:
         tokens = self.prompts.reply_tokens(path, generated, text)
-        open_len = len(self.prompts.generation_prompt(path)) + len(generated)
-        return ReplyTokens(tuple(tokens), open_len)
+        opening = self.prompts.generation_prompt(path)
+        starts = tokens[: len(opening)] == opening
+        return ReplyTokens(
+            tuple(tokens), len(opening) + len(generated), len(opening) if starts else None
+        )
 
     def after_reply(self) -> None:
         """Spill checkpoints over the budget: after the reply, so it never delays one."""
@@ -158,35 +200,32 @@ class Generator:
         self,
         path: list[Node],
         target: list[int],
+        marks: list[int],
         on_progress: ProgressFn | None,
         cancel: CancelFn | None,
         on_plan: PlanFn | None = None,
     ) -> PrepareReport:
+        runtime = self.runtime
         if not self.use_cache:
-            self.runtime.clear()
-            return self.runtime.prepare(
-                target, use_live=False, on_progress=on_progress, on_plan=on_plan, cancel=cancel
+            runtime.clear()
+            return runtime.prepare(
+                target, marks=marks, use_live=False, on_progress=on_progress, on_plan=on_plan,
+                cancel=cancel,
             )
         store = self.checkpoints
         if store is None:
-            return self.runtime.prepare(
-                target, on_progress=on_progress, on_plan=on_plan, cancel=cancel
+            return runtime.prepare(
+                target, marks=marks, on_progress=on_progress, on_plan=on_plan, cancel=cancel
             )
         ends = list(itertools.accumulate(len(node.tokens or ()) for node in path))
+        schedule = runtime.schedule(len(target), marks)
         store.protect(node.id for node in path)
-        candidates = store.candidates(target)
+        candidates = store.candidates(target, schedule)
         saved = {checkpoint.n_tokens for checkpoint in candidates}
         saves = [
             n
-            for n in plan_saves(
-                self.runtime.memory_kind,
-                node_ends=ends,
-                prompt_len=len(target),
-                start=0,
-                last_pos=candidates[0].pos_max if candidates else -1,
-                interval=self.checkpoint_interval,
-            )
-            if n not in saved  # a candidate of that length holds exactly that prefix
+            for n in plan_saves(runtime.memory_kind, schedule, ends, self.checkpoint_interval)
+            if n not in saved  # a candidate of that length holds exactly that state
         ]
 
         def keep(checkpoint: Checkpoint) -> None:
@@ -196,8 +235,9 @@ class Generator:
             node = path[min(index, len(path) - 1)]
             store.add(replace(checkpoint, node_id=node.id))
 
-        prepared = self.runtime.prepare(
+        prepared = runtime.prepare(
             target,
+            marks=marks,
             checkpoints=candidates,
             fetch=store.fetch,
             save_at=saves,

@@ -89,6 +89,66 @@ def gpu_backend_name() -> str | None:
     return "GPU"
 
 
+def builtin_template_names() -> list[str]:
+    """The chat templates llama.cpp knows by name (`llama_chat_builtin_templates`)."""
+    count = int(lc.llama_chat_builtin_templates(None, 0))
+    names = (ctypes.c_char_p * max(count, 1))()
+    count = int(lc.llama_chat_builtin_templates(names, count))
+    return sorted(
+        name.decode("utf-8", errors="replace") for name in names[:count] if name is not None
+    )
+
+
+def apply_builtin_template(
+    name: str, messages: Sequence[dict[str, str]], *, add_generation_prompt: bool
+) -> str:
+    """Render `messages` with llama.cpp's built-in template `name`.
+
+    Raises ValueError for a name llama.cpp does not know.
+    """
+    keep = [(m["role"].encode("utf-8"), m["content"].encode("utf-8")) for m in messages]
+    chat = (lc.llama_chat_message * max(len(keep), 1))()
+    for i, (role, content) in enumerate(keep):
+        chat[i].role = role
+        chat[i].content = content
+    capacity = 256 + 2 * sum(len(role) + len(content) for role, content in keep)
+    for _ in range(2):
+        buf = ctypes.create_string_buffer(capacity)
+        n = int(lc.llama_chat_apply_template(
+            name.encode("utf-8"), chat, len(keep), add_generation_prompt, buf, capacity
+        ))
+        if n < 0:
+            raise ValueError(f"llama.cpp has no built-in chat template named {name!r}")
+        if n <= capacity:
+            return buf.raw[:n].decode("utf-8", errors="replace")
+        capacity = n + 1
+    raise ValueError(f"llama.cpp's template {name!r} gave an output of changing length")
+
+
+QUANT_FILE_TYPES: dict[str, int] = {
+    "q8_0": lc.LLAMA_FTYPE_MOSTLY_Q8_0,
+    "q4_0": lc.LLAMA_FTYPE_MOSTLY_Q4_0,
+    "q4_1": lc.LLAMA_FTYPE_MOSTLY_Q4_1,
+    "q4_k_m": lc.LLAMA_FTYPE_MOSTLY_Q4_K_M,
+    "q6_k": lc.LLAMA_FTYPE_MOSTLY_Q6_K,
+}
+
+
+def quantize_file(source: Path, target: Path, kind: str, *, n_threads: int = 0) -> None:
+    """Write `source` (a GGUF) quantized to `kind` as `target`, with llama.cpp's own
+    quantizer (`llama_model_quantize`). Tensors whose shape the type cannot hold fall back
+    as llama.cpp decides."""
+    init_backend()
+    params = lc.llama_model_quantize_default_params()
+    params.ftype = QUANT_FILE_TYPES[kind]
+    params.nthread = n_threads
+    status = int(lc.llama_model_quantize(
+        str(source).encode(), str(target).encode(), ctypes.byref(params)
+    ))
+    if status != 0:
+        raise ModelLoadError(f"llama.cpp could not quantize {source.name} to {kind}")
+
+
 class FlashAttention(StrEnum):
     AUTO = "auto"
     ON = "on"

@@ -12,6 +12,7 @@ import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
+from typing import Protocol
 
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -21,7 +22,7 @@ from engine.tree import Node, Role
 
 log = logging.getLogger(__name__)
 
-# Used when a GGUF carries no template: the ChatML format most small chat models speak.
+# The ChatML format most small chat models speak, as Jinja (for tests of the Jinja path).
 CHATML_TEMPLATE = (
     "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + "
     "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
@@ -65,6 +66,31 @@ class ChatTemplate:
             raise TemplateError(f"the model's chat template failed: {exc}") from exc
 
 
+class Template(Protocol):
+    """Renders a list of messages to the prompt text."""
+
+    def render(
+        self, messages: Sequence[dict[str, str]], *, add_generation_prompt: bool
+    ) -> str: ...
+
+
+ApplyFn = Callable[..., str]  # (name, messages, *, add_generation_prompt) -> text
+
+
+class BuiltinTemplate:
+    """One of llama.cpp's built-in templates, by name (see `engine.templates`)."""
+
+    def __init__(self, name: str, apply: ApplyFn) -> None:
+        self.name = name
+        self._apply = apply
+
+    def render(self, messages: Sequence[dict[str, str]], *, add_generation_prompt: bool) -> str:
+        try:
+            return self._apply(self.name, messages, add_generation_prompt=add_generation_prompt)
+        except ValueError as exc:
+            raise TemplateError(str(exc)) from exc
+
+
 def _raise_template_exception(message: str) -> None:
     raise TemplateError(f"the model's chat template refused the conversation: {message}")
 
@@ -80,10 +106,11 @@ class Tokenizer:
 class PromptBuilder:
     """Renders nodes into tokens and assembles the target sequence for a generation."""
 
-    def __init__(self, template: ChatTemplate, tokenizer: Tokenizer) -> None:
+    def __init__(self, template: Template, tokenizer: Tokenizer) -> None:
         self._template = template
         self._tok = tokenizer
         self._reply_frame = self._find_reply_frame()
+        self._reply_opening = self._find_reply_opening()
 
     # --- node tokens -------------------------------------------------------------------
 
@@ -100,6 +127,35 @@ class PromptBuilder:
             assert node.tokens is not None
             out.extend(node.tokens)
         return out
+
+    def marks(self, path: Sequence[Node]) -> list[int]:
+        """The path's structural positions for its decode schedule (`engine.schedule`):
+        where each node ends and, inside each reply, where its generation prompt ends (the
+        end of the prompt that produced it, so the checkpoint taken there fits the next
+        turn). A function of the nodes alone (their tokens and the `prompt_len` a reply
+        keeps), so the same for every prefix of the path, whatever template is chosen
+        later."""
+        self.ensure_tokens(path)
+        out: list[int] = []
+        position = 0
+        for node in path:
+            assert node.tokens is not None
+            if node.role is Role.ASSISTANT:
+                opening = node.meta.get("prompt_len")
+                if not isinstance(opening, int) or not 0 < opening <= len(node.tokens):
+                    opening = self.reply_opening(node.tokens)  # imported replies
+                if opening is not None:
+                    out.append(position + opening)
+            position += len(node.tokens)
+            out.append(position)
+        return out
+
+    def reply_opening(self, tokens: Sequence[int]) -> int | None:
+        """Where the generation prompt ends in a reply's `tokens`, if it starts with it."""
+        opening = self._reply_opening
+        if opening and len(tokens) >= len(opening) and tuple(tokens[: len(opening)]) == opening:
+            return len(opening)
+        return None
 
     def target(self, path: Sequence[Node]) -> list[int]:
         """The tokens to prepare before generating a reply to the last node of `path`."""
@@ -153,6 +209,16 @@ class PromptBuilder:
         if not messages:
             return ""
         return self._template.render(messages, add_generation_prompt=False)
+
+    def _find_reply_opening(self) -> tuple[int, ...]:
+        """The generation prompt's tokens after a one-message conversation: what a reply
+        node's tokens start with (see reply_tokens)."""
+        probe = [Node(id=-1, parent=None, role=Role.USER, text="Hi", created=0.0)]
+        try:
+            return tuple(self.generation_prompt(probe))
+        except TemplateError as exc:
+            log.warning("chat template: cannot find the generation prompt (%s)", exc)
+            return ()
 
     def _find_reply_frame(self) -> tuple[str, str] | None:
         """The text the template puts before and after an assistant reply's content."""

@@ -69,6 +69,7 @@ def replay(
             use_cache=cache is CacheMode.CHECKPOINTS,
             checkpoints=store,
             checkpoint_interval=options.interval,
+            template=scenario.template,
         )
         conversation_id = None
         if db is not None:
@@ -83,6 +84,7 @@ def replay(
         return {
             "conversation_id": conversation_id,
             "model": model_report(runtime),
+            "chat_template": session.generator.template.name,
             "cache": cache.value,
             "seed": scenario.seed,
             "steps": steps,

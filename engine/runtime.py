@@ -1,10 +1,12 @@
 """The one llama.cpp context: prepare a prompt with the least decoding, then generate.
 
-`Runtime.prepare(target)` brings the context to hold exactly `target`, reusing what the live
-cache holds where that is valid for the model's memory kind (DESIGN.md, "Preparing a prompt"),
-and decoding the rest in `n_batch` chunks. `Runtime.generate()` then samples token by token.
-Both honour a cancel check: between chunks, inside a chunk (llama.cpp's abort callback) and
-between tokens, and both leave `live_tokens` equal to what the cache really holds.
+`Runtime.prepare(target, marks=...)` brings the context to hold exactly `target`, reusing what
+the live cache or a checkpoint holds where that is valid for the model's memory kind (DESIGN.md,
+"Preparing a prompt"), and decoding the rest in the chunks of the target's decode schedule
+(`engine.schedule`): the same chunks whatever was reused, so the result never depends on what
+the cache did. `Runtime.generate()` then samples token by token. Both honour a cancel check:
+between chunks, inside a chunk (llama.cpp's abort callback) and between tokens, and both leave
+`live_tokens` equal to what the cache really holds.
 """
 
 from __future__ import annotations
@@ -12,15 +14,15 @@ from __future__ import annotations
 import codecs
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
 import numpy as np
 
-from engine.checkpoints import Checkpoint, Identity
-from engine.errors import ArborError, Cancelled, ContextOverflowError
+from engine.checkpoints import RECURRENT_INTERVAL, Checkpoint, Identity
+from engine.errors import ArborError, Cancelled, ContextOverflowError, DecodeError
 from engine.llama import (
     ContextParams,
     LlamaContext,
@@ -31,10 +33,10 @@ from engine.llama import (
     supports_gpu_offload,
 )
 from engine.model import MemoryKind, file_sha256
+from engine.schedule import Schedule, decode_schedule
 
 log = logging.getLogger(__name__)
 
-MIN_TAIL = 2  # tokens always decoded for a prompt: logits, and batched (not single) kernels
 STATE_FLAGS = 0  # full per-sequence state: the only kind safe for every memory kind
 
 ProgressFn = Callable[[int, int], None]  # (tokens decoded so far, tokens to decode)
@@ -137,8 +139,22 @@ class Runtime:
         self.n_swa = self.model.n_swa
         self.n_ctx = self.ctx.n_ctx
         self.n_batch = params.n_batch
+        # Recurrent state is the same size at any position: a finer grid lets checkpoints sit
+        # every RECURRENT_INTERVAL tokens inside long messages (see plan_saves).
+        recurrent = self.memory_kind is MemoryKind.RECURRENT
+        self.grid = min(self.n_batch, RECURRENT_INTERVAL) if recurrent else self.n_batch
         self._live: list[int] = []
-        self._canonical = 0
+        # The chunk ends the live prefix was decoded with: the state up to _bounds[-1] is
+        # exactly what that schedule gives. Tokens after it came from one-token decodes.
+        self._bounds: list[int] = []
+        # A sliding-window cache (swa_full off) reuses the cells of positions that left the
+        # window, so where the next tokens land depends on the cache's history, and the
+        # attention sums run in cell order: on K-quants that changes the logits (by more than
+        # 1 on Gemma 3 270M). Every interior chunk end is therefore settled: the state is
+        # saved and loaded back, which lays it out from cell 0 the same way whatever came
+        # before, in every mode. `_settled` says the live state is in that form now.
+        self._settles = self.memory_kind is MemoryKind.SLIDING_WINDOW
+        self._settled = False
         # The prompt-end checkpoint, taken after the first token is sampled (see prepare).
         self._pending_capture: Callable[[], None] | None = None
         log.info(
@@ -176,41 +192,56 @@ class Runtime:
 
     @property
     def canonical_tokens(self) -> int:
-        """How many leading live tokens hold exactly the state a full prompt decode gives.
+        """How many leading live tokens hold exactly the state their decode schedule gives.
 
         Tokens decoded one at a time during generation take llama.cpp's single-token
         kernels, whose results differ from a batched decode of the same tokens (on
         SmolLM2 Q4_1, by up to 0.46 in the logits after 64 tokens). Reusing them would
-        break the invariant, so they are decoded again, batched, when a prompt needs them.
+        break the invariant, so they are decoded again, in the next prompt's chunks.
         """
-        return self._canonical
+        return self._bounds[-1] if self._bounds else 0
+
+    @property
+    def live_bounds(self) -> tuple[int, ...]:
+        """The chunk ends the canonical live prefix was decoded with."""
+        return tuple(self._bounds)
+
+    def schedule(self, length: int, marks: Iterable[int] = ()) -> Schedule:
+        """The decode schedule of a target of `length` tokens with these marks."""
+        return decode_schedule(length, n_batch=self.n_batch, grid=self.grid, marks=marks)
 
     def clear(self) -> None:
         self.flush_capture()
         self.ctx.clear()
         self._live = []
-        self._canonical = 0
+        self._bounds = []
+        self._settled = False
 
-    def live_reuse(self, target: Sequence[int]) -> int:
+    def live_reuse(self, target: Sequence[int], schedule: Schedule | None = None) -> int:
         """How many leading tokens of `target` the live cache can keep, for this memory kind.
 
-        At least MIN_TAIL tokens of the target are always left to decode (saved state holds
-        no logits, and a one-token decode is not bit-identical to a batched one). The answer
-        never comes from `seq_rm`'s return value: it comes from the memory kind and the
-        positions llama.cpp reports.
+        Only a chunk end of the target's schedule that the live prefix was decoded up to
+        with the same chunk ends qualifies, and never the target's end: its last chunk is
+        always decoded (saved state holds no logits). The answer never comes from
+        `seq_rm`'s return value: it comes from the memory kind and the positions llama.cpp
+        reports.
         """
-        live = self._live[: self._canonical]
-        limit = len(target) - MIN_TAIL
-        if not live or limit <= 0:
+        schedule = schedule or self.schedule(len(target))
+        if not self._bounds:
             return 0
-        if self.memory_kind in (MemoryKind.RECURRENT, MemoryKind.HYBRID):
-            # The state cannot be cut back: usable only if it is all canonical and a prefix
-            # of the target that leaves a tail to decode.
-            n = len(live)
-            ok = n == len(self._live) and n <= limit and list(target[:n]) == live
-            return n if ok else 0
-        reuse = min(_common_prefix(live, target), limit)
-        return reuse if reuse > 0 and self._window_holds(reuse) else 0
+        common = _common_prefix(self._live[: self.canonical_tokens], target)
+        agreed = _common_prefix(self._bounds, schedule.ends[:-1])
+        usable = [end for end in self._bounds[:agreed] if end <= common]
+        if not usable:
+            return 0
+        if self.memory_kind is not MemoryKind.DENSE:
+            # Recurrent and hybrid state cannot be cut back; a sliding-window cache cut back
+            # would place the next tokens in other cells than a fresh decode (see
+            # `_settles`). Usable only if all of it is canonical and a chunk end of the target.
+            n = len(self._live)
+            return n if usable[-1] == n else 0
+        reuse = usable[-1]
+        return reuse if self._window_holds(reuse) else 0
 
     def _window_holds(self, n: int) -> bool:
         """Whether the cache holds what a token at position `n` attends to.
@@ -229,10 +260,13 @@ class Runtime:
 
     def capture(self, node_id: int | None = None) -> Checkpoint:
         """Save the state of the live tokens. Only canonical state is worth saving."""
-        if self._canonical != len(self._live) or not self._live:
+        if self.canonical_tokens != len(self._live) or not self._live:
             raise RuntimeError("capture() needs a live cache that holds only prompt tokens")
         blob = self.ctx.state_get(STATE_FLAGS)
-        return Checkpoint(tokens=tuple(self._live), blob=blob, flags=STATE_FLAGS, node_id=node_id)
+        return Checkpoint(
+            tokens=tuple(self._live), blob=blob, bounds=tuple(self._bounds), flags=STATE_FLAGS,
+            node_id=node_id,
+        )
 
     def restore(self, checkpoint: Checkpoint) -> bool:
         """Load a checkpoint and verify it. On any failure the sequence is cleared."""
@@ -244,13 +278,16 @@ class Runtime:
             self.clear()
             return False
         self._live = list(checkpoint.tokens)
-        self._canonical = len(self._live)
+        self._bounds = list(checkpoint.bounds)
+        self._settled = True  # loaded into a cleared cache: laid out from cell 0
         return True
 
     def _load_and_verify(self, checkpoint: Checkpoint) -> str | None:
         """Hand the blob to llama.cpp and check the result; the problem, or None."""
         if checkpoint.blob is None:
             return "has no state loaded"
+        if not checkpoint.bounds or checkpoint.bounds[-1] != checkpoint.n_tokens:
+            return "was decoded with an unknown schedule"
         read = self.ctx.state_set(checkpoint.blob, checkpoint.flags)
         if read != checkpoint.size:
             return f"was read as {read} of {checkpoint.size} bytes"
@@ -267,6 +304,7 @@ class Runtime:
         self,
         target: Sequence[int],
         *,
+        marks: Iterable[int] = (),
         use_live: bool = True,
         checkpoints: Sequence[Checkpoint] = (),
         fetch: Callable[[Checkpoint], Checkpoint | None] | None = None,
@@ -278,57 +316,67 @@ class Runtime:
     ) -> PrepareReport:
         """Bring the context to hold exactly `target`, with logits for its last token.
 
+        `marks` are the path's structural positions (node ends, reply openings); with
+        `n_batch` and the grid they fix the target's decode schedule, which every chunk
+        decoded here follows. Candidates are the live cache and every checkpoint whose
+        tokens are a prefix of the target and whose chunk ends agree with the schedule,
+        ending before the target's last chunk; the one that leaves the least to decode wins
+        (ties go to the live cache). Every restore is verified; a failed one is reported in
+        `failed_checkpoints` and the next candidate is tried. While decoding, the state is
+        captured after each chunk end in `save_at` and passed to `on_checkpoint`.
+
         A checkpoint asked for at the very end of the target is taken later, by
         `flush_capture`: `generate` calls it once the first token is sampled (sampling reads
         the logits and leaves the cache as it is), so copying the cache costs no time to the
         first token. Anything that changes the context flushes it first.
-
-        Candidates are the live cache and every checkpoint whose tokens are a prefix of the
-        target leaving at least MIN_TAIL tokens; the one that leaves the least to decode
-        wins (ties go to the live cache). Every restore is verified; a failed one is
-        reported in `failed_checkpoints` and the next candidate is tried. While decoding,
-        the state is captured after each position in `save_at` and passed to
-        `on_checkpoint`.
         """
         self.flush_capture()
         target = list(target)
-        if len(target) < MIN_TAIL:
-            raise ValueError(f"a prompt needs at least {MIN_TAIL} tokens")
+        if not target:
+            raise ValueError("a prompt needs at least one token")
         if len(target) >= self.n_ctx:
             raise ContextOverflowError(len(target), self.n_ctx)
+        schedule = self.schedule(len(target), marks)
+        stray = sorted(set(save_at) - set(schedule.ends))
+        if stray:
+            raise ValueError(f"checkpoints can only be taken at chunk ends, not at {stray}")
         started = time.perf_counter()
-        limit = len(target) - MIN_TAIL
         plans: list[tuple[int, int, Checkpoint | None]] = []
         if use_live:
-            plans.append((self.live_reuse(target), 1, None))
+            plans.append((self.live_reuse(target, schedule), 1, None))
         for checkpoint in checkpoints:
-            if checkpoint.n_tokens <= limit and checkpoint.is_prefix_of(target):
+            if (
+                checkpoint.n_tokens < len(target)
+                and schedule.agrees(checkpoint.bounds)
+                and checkpoint.is_prefix_of(target)
+            ):
                 plans.append((checkpoint.n_tokens, 0, checkpoint))
         plans.sort(key=lambda plan: (plan[0], plan[1]), reverse=True)
         failed: list[int] = []
         reuse, source, used = 0, Source.NONE, None
-        for n, _, checkpoint in plans:
+        for n, _, candidate in plans:
             if n == 0:
                 break
-            if checkpoint is None:
+            if candidate is None:
                 reuse = self._keep_live_prefix(n)
                 if reuse:
                     source = Source.LIVE
                     break
             else:
-                loaded = checkpoint if checkpoint.blob is not None or fetch is None else fetch(
-                    checkpoint
+                loaded = candidate if candidate.blob is not None or fetch is None else fetch(
+                    candidate
                 )
                 if loaded is not None and loaded.blob is not None and self.restore(loaded):
-                    reuse, source, used = n, Source.CHECKPOINT, checkpoint
+                    reuse, source, used = n, Source.CHECKPOINT, candidate
                     break
-                failed.append(checkpoint.id)
+                failed.append(candidate.id)
         if source is Source.NONE:
             self.clear()
         if on_plan is not None:
             on_plan(len(target), reuse, source, used.pos_max if used is not None else None)
-        saves = sorted({p for p in save_at if reuse < p <= len(target)})
-        self._decode_tail(target, reuse, saves, on_checkpoint, on_progress, cancel)
+        saves = {p for p in save_at if p > reuse}
+        self._decode_tail(target, schedule.chunks(reuse), saves, on_checkpoint, on_progress,
+                          cancel)
         return PrepareReport(
             prompt_tokens=len(target),
             reused_tokens=reuse,
@@ -347,7 +395,7 @@ class Runtime:
             self.clear()
             return 0
         del self._live[reuse:]
-        self._canonical = min(self._canonical, reuse)
+        self._bounds = [end for end in self._bounds if end <= reuse]
         if self.ctx.pos_max() != reuse - 1:
             log.warning(
                 "live cache holds up to position %d, expected %d; decoding from scratch",
@@ -360,50 +408,73 @@ class Runtime:
     def _decode_tail(
         self,
         target: list[int],
-        start: int,
-        saves: list[int],
+        ends: list[int],
+        saves: set[int],
         on_checkpoint: Callable[[Checkpoint], None] | None,
         on_progress: ProgressFn | None,
         cancel: CancelFn | None,
     ) -> None:
+        """Decode the chunks ending at `ends`, from where the live prefix ends."""
+        start = len(self._live)
         total = len(target) - start
         if on_progress:
             on_progress(0, total)
-        ends = chunk_ends(start, len(target), self.n_batch, saves)
         self.ctx.arm_abort(cancel)
         try:
             position = start
             for end in ends:
                 if cancel and cancel():
                     raise Cancelled()
+                if self._settles and not self._settled and self._live:
+                    self._settle()
                 chunk = target[position:end]
                 status = self.ctx.decode(chunk, position, want_logits=end == len(target))
                 if status == 2:
-                    self._resync_after_abort(target)
+                    self._resync_after_abort()
                     raise Cancelled()
                 self._live.extend(chunk)
-                self._canonical = len(self._live)
+                self._bounds.append(end)
+                self._settled = False
                 position = end
-                if end in saves and on_checkpoint is not None:
-                    if end == len(target):
+                wanted = end in saves and on_checkpoint is not None
+                if end == len(target):
+                    if wanted:
+                        assert on_checkpoint is not None
                         self._pending_capture = self._capture_into(on_checkpoint)
-                    else:
-                        on_checkpoint(self.capture())
+                elif self._settles:
+                    settled = self._settle()  # before the next chunk; its blob is the save
+                    if wanted:
+                        assert on_checkpoint is not None
+                        on_checkpoint(settled)
+                elif wanted:
+                    assert on_checkpoint is not None
+                    on_checkpoint(self.capture())
                 if on_progress:
                     on_progress(end - start, total)
         except ArborError:
             raise
         except BaseException:
-            self._resync_after_abort(target)
+            self._resync_after_abort()
             raise
         finally:
             self.ctx.arm_abort(None)
+
+    def _settle(self) -> Checkpoint:
+        """Save the live state and load it back into the cleared cache (see `_settles`)."""
+        checkpoint = self.capture()
+        self.ctx.clear()
+        problem = self._load_and_verify(checkpoint)
+        if problem is not None:  # llama.cpp refused its own state just saved: a bug there
+            self.clear()
+            raise DecodeError(f"the context's own state {problem}")
+        self._settled = True
+        return checkpoint
 
     def _capture_into(self, keep: Callable[[Checkpoint], None]) -> Callable[[], None]:
         held = len(self._live)
 
         def capture() -> None:
-            if len(self._live) == held and self._canonical == held:
+            if len(self._live) == held and self.canonical_tokens == held:
                 keep(self.capture())
             else:  # cannot happen while every change flushes first; never save a wrong state
                 log.warning("deferred checkpoint dropped: the context changed before it")
@@ -416,17 +487,15 @@ class Runtime:
         if pending is not None:
             pending()
 
-    def _resync_after_abort(self, target: Sequence[int]) -> None:
-        """After an aborted decode, make `live_tokens` match what the cache still holds."""
-        if self.memory_kind in (MemoryKind.RECURRENT, MemoryKind.HYBRID):
-            # An aborted graph may have half-updated the recurrent state: drop it.
+    def _resync_after_abort(self) -> None:
+        """After an aborted decode, keep the live prefix only if the cache still holds
+        exactly the chunks that completed (one chunk is one ubatch, rolled back whole)."""
+        if self.memory_kind is not MemoryKind.DENSE:
+            # An aborted graph may have half-updated a recurrent state, and a sliding-window
+            # cache may have given cells of old positions to the rolled-back chunk: drop it.
             self.clear()
             return
-        held = self.ctx.pos_max() + 1
-        if held <= len(target):
-            self._live = list(target[:held])
-            self._canonical = held
-        else:
+        if self.ctx.pos_max() + 1 != len(self._live):
             self.clear()
 
     # --- generating --------------------------------------------------------------------
@@ -492,34 +561,6 @@ class Runtime:
     def last_logits(self) -> np.ndarray:
         """The logits of the last decoded token (for tests of the invariant)."""
         return self.ctx.logits()
-
-
-def chunk_ends(start: int, end: int, n_batch: int, splits: Sequence[int] = ()) -> list[int]:
-    """Where each decode chunk of positions [start, end) ends.
-
-    Chunks hold at most `n_batch` tokens and end at every split position that leaves both
-    sides at least MIN_TAIL tokens; no chunk is ever a single token, because llama.cpp's
-    single-token kernels round differently from batched ones.
-    """
-    if end - start < MIN_TAIL:
-        raise ValueError(f"a decode needs at least {MIN_TAIL} tokens, not {end - start}")
-    if n_batch < MIN_TAIL:
-        raise ValueError(f"n_batch must be at least {MIN_TAIL}")
-    points = sorted({s for s in splits if start + MIN_TAIL <= s <= end - MIN_TAIL})
-    points.append(end)
-    ends: list[int] = []
-    position = start
-    for stop in points:
-        if stop - position < MIN_TAIL:
-            continue
-        while stop - position > n_batch:
-            remaining = stop - position
-            step = n_batch if remaining - n_batch >= MIN_TAIL else remaining - MIN_TAIL
-            position += step
-            ends.append(position)
-        ends.append(stop)
-        position = stop
-    return ends
 
 
 def _llama_cpp_version() -> str:

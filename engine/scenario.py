@@ -16,7 +16,7 @@ import math
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from engine.errors import ArborError
 from engine.llama import SamplingParams
@@ -60,6 +60,7 @@ class Scenario:
     seed: int = 0
     sampling: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=0.0))
     system: str = ""
+    template: str | None = None  # a chat template by name (engine.templates); None: automatic
     steps: tuple[Step, ...] = ()
     base_dir: Path | None = None  # relative model paths are resolved against the file
 
@@ -84,7 +85,7 @@ _REQUIRED: dict[Op, set[str]] = {
 }
 _TOP: dict[str, type | tuple[type, ...]] = {
     "model": str, "n_ctx": int, "n_batch": int, "seed": int, "sampling": dict,
-    "system": str, "steps": list,
+    "system": str, "template": str, "steps": list,
 }
 _SAMPLING: dict[str, type | tuple[type, ...]] = {
     "temperature": (int, float), "top_k": int, "top_p": (int, float), "min_p": (int, float),
@@ -133,6 +134,7 @@ def parse_scenario(data: Any, *, base_dir: Path | None = None) -> Scenario:
         seed=data.get("seed", 0),
         sampling=sampling,
         system=data.get("system", ""),
+        template=data.get("template"),
         steps=steps,
         base_dir=base_dir,
     )
@@ -144,7 +146,7 @@ def _parse_step(index: int, raw: Any) -> Step:
         raise ScenarioError(f"{where}: a step must be a JSON object")
     op_name = raw.get("op")
     try:
-        op = Op(op_name)
+        op = Op(cast(str, op_name))
     except ValueError:
         known = ", ".join(o.value for o in Op)
         raise ScenarioError(f"{where}: unknown op {op_name!r} (expected one of {known})") from None

@@ -86,6 +86,7 @@ class Session:
         checkpoints: CheckpointStore | None = None,
         checkpoint_interval: int = DEFAULT_INTERVAL,
         sink: Sink | None = None,
+        template: str | None = None,
     ) -> None:
         self.runtime = runtime
         self.sink = sink
@@ -99,8 +100,8 @@ class Session:
             use_cache=use_cache,
             checkpoints=checkpoints,
             checkpoint_interval=checkpoint_interval,
+            template=template,
         )
-        self.prompts = self.generator.prompts
 
     @property
     def checkpoints(self) -> CheckpointStore | None:
@@ -255,7 +256,7 @@ class Session:
             reply.text = base_text + generation.text
         finished = self.generator.reply_tokens(path, generated, reply.text)
         reply.tokens = finished.tokens
-        reply.meta["open_len"] = finished.open_len
+        reply.meta.update(finished.meta())
         reply.meta["finish"] = (
             generation.finish.value if generation is not None else FinishReason.CANCELLED.value
         )

@@ -12,10 +12,10 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from engine.atomic import write_atomic
 from engine.checkpoints import DEFAULT_INTERVAL
@@ -70,6 +70,9 @@ class Settings:
     max_tokens: int = 512
     theme: Theme = Theme.SYSTEM
     model: str | None = None  # the model last loaded
+    # The chat template chosen per model file (its path): a name from engine.templates.
+    # A model missing here gets its own template, or llama.cpp's built-in one.
+    templates: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         # Enums arrive as plain strings from JSON and from Qt's item data.
@@ -91,6 +94,18 @@ class Settings:
                 flash_attn=self.flash_attn, type_k=self.type_k, type_v=self.type_v
             ),
         )
+
+    def template_for(self, model: str | Path) -> str | None:
+        """The chat template chosen for a model file; None: automatic."""
+        return self.templates.get(_model_key(model))
+
+    def with_template(self, model: str | Path, name: str | None) -> Settings:
+        """These settings with `name` chosen for `model` (None: back to automatic)."""
+        templates = dict(self.templates)
+        templates.pop(_model_key(model), None)
+        if name is not None:
+            templates[_model_key(model)] = name
+        return replace(self, templates=templates)
 
     def sampling(self) -> SamplingParams:
         return replace(SamplingParams(), temperature=self.temperature, top_p=self.top_p)
@@ -123,11 +138,21 @@ class Settings:
         return Settings(**values)
 
 
+def _model_key(model: str | Path) -> str:
+    return str(Path(model).expanduser().absolute())
+
+
 def _coerce(name: str, value: object, default: object) -> object:
     if name == "flash_attn":
-        return FlashAttention(value)
+        return FlashAttention(cast(str, value))  # any other value is a ValueError
     if name == "theme":
-        return Theme(value)
+        return Theme(cast(str, value))
+    if name == "templates":
+        if not isinstance(value, dict) or not all(
+            isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+        ):
+            raise TypeError("expected an object of model paths to template names")
+        return dict(value)
     if name in ("seed", "model"):
         if value is None:
             return None

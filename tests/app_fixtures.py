@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QCoreApplication, QEvent, Qt
 from pytestqt.qtbot import QtBot
 
 import engine.llama as llama_layer
@@ -59,6 +59,10 @@ def window(
     assert engine_calls, "the test should have run the engine"
     assert all(ident != main for ident in engine_calls), "llama.cpp called from the GUI thread"
     assert set(engine_calls) == {win.worker.engine_thread_ident}
+    # Destroy it now: a window left for the garbage collector still answers app-wide
+    # signals (a theme change repaints its icons) in the tests that follow.
+    win.deleteLater()
+    QCoreApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)
 
 
 def send(qtbot: QtBot, win: MainWindow, text: str) -> None:

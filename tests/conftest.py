@@ -10,7 +10,8 @@ import pytest
 
 from engine.model import MemoryKind, default_model_path
 from engine.runtime import Runtime, RuntimeSettings
-from tests.fixtures.gguf_models import ModelKind, write_tiny_model
+from tests.fixtures import real_models
+from tests.fixtures.gguf_models import ModelKind, Quant, write_tiny_model
 
 pytest_plugins = ["tests.app_fixtures"]
 
@@ -57,6 +58,12 @@ def smollm2_path() -> Path:
 
 
 @pytest.fixture(scope="session")
+def gemma_path() -> Path:
+    """Gemma 3 270M Q4_K_M (a make test dependency): real K-quants, a real sliding window."""
+    return real_models.gemma_path()
+
+
+@pytest.fixture(scope="session")
 def tiny_models(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) -> dict[str, Path]:
     """One tiny random-weight GGUF per memory kind, written once per test session."""
     out = tmp_path_factory.mktemp("models")
@@ -66,6 +73,29 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) ->
         )
         for kind in ALL_KINDS
     }
+
+
+QUANTS = list(Quant)
+
+
+@pytest.fixture(scope="session")
+def quantized_models(
+    tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path
+) -> Callable[[MemoryKind, Quant], Path]:
+    """A tiny model of a memory kind in a quantization, written on first use. Block
+    quantizations come from the gguf package; Q4_K_M from llama.cpp's quantizer, 256 wide."""
+    out = tmp_path_factory.mktemp("quantized")
+    written: dict[tuple[MemoryKind, Quant], Path] = {}
+
+    def get(kind: MemoryKind, quant: Quant) -> Path:
+        if (kind, quant) not in written:
+            written[kind, quant] = write_tiny_model(
+                ModelKind(kind.value), out / f"tiny-{kind.value}-{quant.value}.gguf",
+                smollm2_path, quant=quant, n_embd=256 if quant is Quant.Q4_K_M else 64,
+            )
+        return written[kind, quant]
+
+    return get
 
 
 RuntimeFactory = Callable[..., Runtime]

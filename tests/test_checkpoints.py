@@ -12,16 +12,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from engine.checkpoints import (
-    Checkpoint,
-    CheckpointStore,
-    Identity,
-    interval_positions,
-    plan_saves,
-)
+from engine.checkpoints import Checkpoint, CheckpointStore, Identity, plan_saves
 from engine.llama import SamplingParams
 from engine.model import MemoryKind
 from engine.runtime import Runtime, Source
+from engine.schedule import decode_schedule
 from engine.session import GenerationOptions, Session
 from tests.conftest import ALL_KINDS, RuntimeFactory
 from tests.helpers import fresh_logits, random_tokens
@@ -29,24 +24,24 @@ from tests.helpers import fresh_logits, random_tokens
 GREEDY = SamplingParams(temperature=0.0)
 
 
-def _assert_same_as_full_decode(runtime: Runtime, target: list[int]) -> None:
-    """Bit-identical, except on a sliding-window cache (swa_full=False): a restored window
-    lands in other cache cells than a fresh decode puts it, and attention sums the cells in
-    cell order, so the last bits differ. There: same argmax, and within 1e-3."""
+def _assert_same_as_full_decode(
+    runtime: Runtime, target: list[int], marks: list[int] | None = None
+) -> None:
+    """Bit-identical on every memory kind. A sliding-window cache (swa_full off) restored
+    into other cells than a fresh decode used would sum attention in another order; every
+    mode settles it at each chunk end (Runtime._settles), so there is no such difference."""
     restored = runtime.last_logits()
-    fresh = fresh_logits(runtime, target)
-    if runtime.memory_kind is MemoryKind.SLIDING_WINDOW:
-        assert int(np.argmax(restored)) == int(np.argmax(fresh))
-        assert float(np.max(np.abs(restored - fresh))) < 1e-3
-    else:
-        assert np.array_equal(restored, fresh)
+    fresh = fresh_logits(runtime, target, marks or [])
+    assert np.array_equal(restored, fresh)
 
 
 def _capture_at(runtime: Runtime, stream: list[int], *counts: int) -> list[Checkpoint]:
-    """Decode `stream` from scratch and capture the state after each count of tokens."""
+    """Decode `stream` from scratch, with message ends at `counts`, and capture the state
+    there."""
     saved: list[Checkpoint] = []
     runtime.clear()
-    runtime.prepare(stream, use_live=False, save_at=counts, on_checkpoint=saved.append)
+    runtime.prepare(stream, marks=counts, use_live=False, save_at=counts,
+                    on_checkpoint=saved.append)
     assert [c.n_tokens for c in saved] == sorted(counts)
     return saved
 
@@ -62,41 +57,49 @@ def _identity(**changes: object) -> Identity:
 # --- placement -----------------------------------------------------------------------------
 
 
-def test_interval_gate_places_checkpoints_exactly_at_each_interval() -> None:
-    # The PR's regression: a +1 fudge opened the gate one position early (8190, not 8191).
-    assert interval_positions(0, 8494, -1, 2048) == [2048, 4096, 6144, 8192]
-    # After a checkpoint (or a restore) at position 4095, the next is due 2048 later, not now.
-    assert interval_positions(4096, 8494, 4095, 2048) == [6144, 8192]
-    assert interval_positions(0, 2047, -1, 2048) == []
-    assert interval_positions(0, 2048, -1, 2048) == [2048]
-    assert interval_positions(0, 9000, -1, 0) == []
+def test_interval_checkpoints_sit_at_the_first_chunk_end_past_each_multiple() -> None:
+    """Where they go depends on the schedule alone: no gate state, no +1 fudge (the PR's
+    regression opened the gate one position early)."""
+    long = decode_schedule(8494, n_batch=512)
+    assert plan_saves(MemoryKind.DENSE, long, [], 2048) == [2048, 4096, 6144, 8192, 8494]
+    short = decode_schedule(2047, n_batch=512)
+    assert plan_saves(MemoryKind.DENSE, short, [], 2048) == [2047]
+    exact = decode_schedule(2048, n_batch=512)
+    assert plan_saves(MemoryKind.DENSE, exact, [], 2048) == [2048]
+    assert plan_saves(MemoryKind.DENSE, long, [], 0) == [8494]
+    # A message end just before a multiple: the first chunk end at or past it takes it.
+    marked = decode_schedule(3000, n_batch=512, marks=[2040])
+    assert 2048 in marked.ends and plan_saves(MemoryKind.DENSE, marked, [2040], 2048) == [
+        2048, 3000,
+    ]
 
 
 @pytest.mark.parametrize("kind", ALL_KINDS, ids=lambda k: k.value)
 def test_placement_policy_per_memory_kind(kind: MemoryKind) -> None:
     node_ends = [20, 60, 100, 140]  # system, user, assistant, user
-    saves = plan_saves(kind, node_ends, prompt_len=143, start=0, last_pos=-1, interval=64)
+    schedule = decode_schedule(143, n_batch=512, marks=node_ends)
+    saves = plan_saves(kind, schedule, node_ends, interval=64)
     if kind is MemoryKind.DENSE:
         # The live cache cuts back to any node end for free: only the prompt's end (to jump
-        # to a branch that is not live) and the interval gate.
-        assert saves == [64, 128, 143]
+        # to a branch that is not live) and the interval's chunk ends.
+        assert saves == [100, 140, 143]
     else:
         # Recurrent, hybrid and sliding-window caches cannot go back: keep every node end.
-        assert saves == [20, 60, 64, 100, 128, 140, 143]
-    # Positions already decoded (before `start`) are never planned again.
-    assert min(plan_saves(kind, node_ends, 143, 100, 99, 64)) > 100
+        assert saves == [20, 60, 100, 140, 143]
+    assert set(saves) <= set(schedule.ends)  # checkpoints are taken only at chunk ends
 
 
 def test_a_recurrent_state_is_saved_more_often_inside_long_messages() -> None:
-    """Its size does not grow with the position, so the interval is capped; the other
-    kinds keep the user's interval (their state grows with every token)."""
+    """Its size does not grow with the position, so its grid and interval are capped; the
+    other kinds keep the user's interval (their state grows with every token)."""
     node_ends = [20, 1020, 1530]  # system, a 1,000-token user message, its reply
-    recurrent = plan_saves(MemoryKind.RECURRENT, node_ends, 1535, 0, -1, 2048)
-    assert recurrent == [20, 256, 512, 768, 1020, 1024, 1280, 1530, 1535]
-    hybrid = plan_saves(MemoryKind.HYBRID, node_ends, 1535, 0, -1, 2048)
-    assert hybrid == [20, 1020, 1530, 1535]
-    assert plan_saves(MemoryKind.RECURRENT, node_ends, 1535, 0, -1, 0) == [20, 1020, 1530,
-                                                                           1535]
+    recurrent = decode_schedule(1535, n_batch=512, grid=256, marks=node_ends)
+    assert plan_saves(MemoryKind.RECURRENT, recurrent, node_ends, 2048) == [
+        20, 256, 512, 768, 1020, 1024, 1280, 1530, 1535,
+    ]
+    hybrid = decode_schedule(1535, n_batch=512, marks=node_ends)
+    assert plan_saves(MemoryKind.HYBRID, hybrid, node_ends, 2048) == [20, 1020, 1530, 1535]
+    assert plan_saves(MemoryKind.RECURRENT, recurrent, node_ends, 0) == [20, 1020, 1530, 1535]
 
 
 # --- search and restore on every memory kind -------------------------------------------------
@@ -111,11 +114,11 @@ def test_restore_resumes_at_pos_max_plus_one_with_bit_identical_logits(
     (checkpoint,) = _capture_at(runtime, stream, 200)
     runtime.clear()
     target = stream[:260]
-    report = runtime.prepare(target, checkpoints=[checkpoint])
+    report = runtime.prepare(target, marks=[200], checkpoints=[checkpoint])
     assert report.source is Source.CHECKPOINT and report.checkpoint_pos == 199
     assert (report.reused_tokens, report.decoded_tokens) == (200, 60)
     # Re-decoding position 199 would double-count it in a recurrent state: logits would differ.
-    _assert_same_as_full_decode(runtime, target)
+    _assert_same_as_full_decode(runtime, target, [200])
 
 
 @pytest.mark.parametrize("kind", ALL_KINDS, ids=lambda k: k.value)
@@ -124,18 +127,41 @@ def test_search_takes_the_deepest_checkpoint_that_ends_before_the_divergence(
 ) -> None:
     runtime = make_runtime(tiny_models[kind.value], n_ctx=1024, n_batch=64)
     stream = random_tokens(320)
-    saved = _capture_at(runtime, stream, 100, 200, 300)
+    marks = [100, 200, 300]
+    saved = _capture_at(runtime, stream, *marks)
     runtime.clear()
     # Diverges at 250: the newest (300) extends past the divergence and must not be used.
     target = stream[:250] + random_tokens(30, seed=4)
-    report = runtime.prepare(target, checkpoints=saved)
+    report = runtime.prepare(target, marks=marks, checkpoints=saved)
     assert (report.source, report.checkpoint_pos) == (Source.CHECKPOINT, 199)
-    _assert_same_as_full_decode(runtime, target)
-    # A target that ends one token after a checkpoint cannot use it (two tokens are always
-    # decoded, batched); the one before it is taken instead.
+    _assert_same_as_full_decode(runtime, target, marks)
+    # A target that ends at a checkpoint cannot use it (its last chunk is always decoded:
+    # saved state has no logits); the one before it is taken instead.
     runtime.clear()
-    report = runtime.prepare(stream[:201], checkpoints=saved)
-    assert report.checkpoint_pos == 99
+    report = runtime.prepare(stream[:200], marks=marks, checkpoints=saved)
+    assert (report.checkpoint_pos, report.decoded_tokens) == (99, 100)
+    # One token past it is a one-token last chunk, for the full reprocess too.
+    runtime.clear()
+    report = runtime.prepare(stream[:201], marks=marks, checkpoints=saved)
+    assert (report.checkpoint_pos, report.decoded_tokens) == (199, 1)
+    _assert_same_as_full_decode(runtime, stream[:201], marks)
+
+
+@pytest.mark.parametrize("kind", ALL_KINDS, ids=lambda k: k.value)
+def test_a_checkpoint_decoded_with_other_chunk_ends_is_never_restored(
+    kind: MemoryKind, tiny_models: dict[str, Path], make_runtime: RuntimeFactory
+) -> None:
+    """The same tokens split elsewhere are another state on K-quant models: a checkpoint
+    is a candidate only where its chunk ends are the target's."""
+    runtime = make_runtime(tiny_models[kind.value], n_ctx=1024, n_batch=64)
+    stream = random_tokens(300)
+    (at200,) = _capture_at(runtime, stream, 200)
+    assert at200.bounds == (64, 128, 192, 200)
+    runtime.clear()
+    report = runtime.prepare(stream[:260], marks=[150, 200], checkpoints=[at200])
+    assert report.source is Source.NONE and report.failed_checkpoints == ()
+    report = runtime.prepare(stream[:260], checkpoints=[at200])  # no mark at 200 at all
+    assert report.checkpoint_pos is None
 
 
 @pytest.mark.parametrize("kind", ALL_KINDS, ids=lambda k: k.value)
@@ -146,12 +172,13 @@ def test_a_misplaced_restore_is_caught_and_never_produces_output(
     runtime = make_runtime(tiny_models[kind.value], n_ctx=1024, n_batch=64)
     stream = random_tokens(300)
     (real,) = _capture_at(runtime, stream, 200)
-    liar = Checkpoint(tokens=tuple(stream[:150]), blob=real.blob)  # says 150, holds 200
+    # Says 150 tokens (decoded with the target's chunk ends), holds 200.
+    liar = Checkpoint(tokens=tuple(stream[:150]), blob=real.blob, bounds=(64, 128, 150))
     runtime.clear()
-    report = runtime.prepare(stream[:220], checkpoints=[liar])
+    report = runtime.prepare(stream[:220], marks=[150], checkpoints=[liar])
     assert report.failed_checkpoints == (liar.id,)
     assert report.source is Source.NONE and report.reused_tokens == 0
-    assert np.array_equal(runtime.last_logits(), fresh_logits(runtime, stream[:220]))
+    assert np.array_equal(runtime.last_logits(), fresh_logits(runtime, stream[:220], [150]))
 
 
 def test_a_truncated_blob_is_refused_by_the_size_check_and_the_next_candidate_used(
@@ -161,12 +188,13 @@ def test_a_truncated_blob_is_refused_by_the_size_check_and_the_next_candidate_us
     stream = random_tokens(300)
     early, late = _capture_at(runtime, stream, 100, 200)
     assert late.blob is not None
-    broken = Checkpoint(tokens=late.tokens, blob=bytes(late.blob[: len(late.blob) // 2]))
+    broken = replace(late, blob=bytes(late.blob[: len(late.blob) // 2]), id=late.id + 10_000)
     runtime.clear()
-    report = runtime.prepare(stream[:250], checkpoints=[broken, early])
+    marks = [100, 200]
+    report = runtime.prepare(stream[:250], marks=marks, checkpoints=[broken, early])
     assert report.failed_checkpoints == (broken.id,)
     assert (report.source, report.checkpoint_pos) == (Source.CHECKPOINT, 99)
-    assert np.array_equal(runtime.last_logits(), fresh_logits(runtime, stream[:250]))
+    assert np.array_equal(runtime.last_logits(), fresh_logits(runtime, stream[:250], marks))
 
 
 def test_the_live_cache_wins_a_tie_and_a_deeper_checkpoint_beats_it(
@@ -176,12 +204,13 @@ def test_the_live_cache_wins_a_tie_and_a_deeper_checkpoint_beats_it(
     stream = random_tokens(300)
     (at200,) = _capture_at(runtime, stream, 200)
     runtime.clear()
-    runtime.prepare(stream[:200] + random_tokens(50, seed=8))  # live shares 200 tokens with stream
-    report = runtime.prepare(stream[:260], checkpoints=[at200])
+    # The live cache shares 200 tokens with the stream, and a message end there.
+    runtime.prepare(stream[:200] + random_tokens(50, seed=8), marks=[200])
+    report = runtime.prepare(stream[:260], marks=[200], checkpoints=[at200])
     assert report.source is Source.LIVE and report.reused_tokens == 200
     runtime.clear()
-    runtime.prepare(stream[:120] + random_tokens(50, seed=8))  # live shares only 120
-    report = runtime.prepare(stream[:260], checkpoints=[at200])
+    runtime.prepare(stream[:120] + random_tokens(50, seed=8), marks=[120])  # shares only 120
+    report = runtime.prepare(stream[:260], marks=[200], checkpoints=[at200])
     assert report.source is Source.CHECKPOINT and report.reused_tokens == 200
 
 
@@ -192,15 +221,17 @@ def test_the_smollm2_restore_is_bit_identical(
     stream = random_tokens(400)
     (checkpoint,) = _capture_at(runtime, stream, 200)
     runtime.clear()
-    runtime.prepare(stream, checkpoints=[checkpoint])
-    assert np.array_equal(runtime.last_logits(), fresh_logits(runtime, stream))
+    runtime.prepare(stream, marks=[200], checkpoints=[checkpoint])
+    assert np.array_equal(runtime.last_logits(), fresh_logits(runtime, stream, [200]))
 
 
 # --- the store -----------------------------------------------------------------------------
 
 
 def _fake(tokens: list[int], size: int, node: int) -> Checkpoint:
-    return Checkpoint(tokens=tuple(tokens), blob=bytearray(size), node_id=node)
+    return Checkpoint(
+        tokens=tuple(tokens), blob=bytearray(size), bounds=(len(tokens),), node_id=node
+    )
 
 
 def test_budget_spills_the_least_valuable_to_disk_before_dropping(tmp_path: Path) -> None:
@@ -405,7 +436,7 @@ def test_the_prompt_end_checkpoint_is_taken_after_the_first_token_and_is_exact(
         events.append(f"checkpoint {checkpoint.n_tokens}")
         saved.append(checkpoint)
 
-    runtime.prepare(target, save_at=[32, 60], on_checkpoint=keep)
+    runtime.prepare(target, save_at=[32, 60], on_checkpoint=keep)  # 32: a grid chunk end
     assert events == ["checkpoint 32"]  # the one inside the prompt is taken at once
     runtime.generate(max_tokens=3, sampling=GREEDY, seed=1,
                      on_token=lambda token, _piece: events.append(f"token {token}"))
@@ -413,7 +444,7 @@ def test_the_prompt_end_checkpoint_is_taken_after_the_first_token_and_is_exact(
     assert events[2] == "checkpoint 60" and len(events) == 5
     assert saved[-1].tokens == tuple(target)
     assert runtime.restore(saved[-1])
-    runtime.prepare(target, checkpoints=[saved[-1]])  # decodes the last MIN_TAIL tokens
+    runtime.prepare(target, checkpoints=[saved[-1]])  # cannot use it: decodes from 32
     _assert_same_as_full_decode(runtime, target)
 
 
@@ -425,6 +456,6 @@ def test_a_deferred_checkpoint_is_kept_when_no_reply_follows(
     saved: list[Checkpoint] = []
     runtime.prepare(target, save_at=[40], on_checkpoint=saved.append)
     assert saved == []
-    runtime.prepare([*target, 7, 8, 9], save_at=[], on_checkpoint=saved.append)
+    runtime.prepare([*target, 7, 8, 9], marks=[40], save_at=[], on_checkpoint=saved.append)
     assert [c.n_tokens for c in saved] == [40]  # flushed before the context moved on
     assert saved[0].tokens == tuple(target)

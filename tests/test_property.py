@@ -4,7 +4,7 @@ after the best valid candidate."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -15,10 +15,11 @@ from hypothesis import strategies as st
 from engine.checkpoints import CheckpointStore
 from engine.llama import SamplingParams
 from engine.model import MemoryKind
-from engine.runtime import MIN_TAIL, PrepareReport, Runtime, RuntimeSettings
+from engine.runtime import PrepareReport, Runtime, RuntimeSettings
 from engine.session import GenerationOptions, Session, StepReport
 from engine.tree import Role, TreeError
-from tests.conftest import ALL_KINDS
+from tests.conftest import ALL_KINDS, QUANTS
+from tests.fixtures.gguf_models import Quant
 
 TEXTS = ["Hello there.", "What is a tree?", "Say more.", "Why?", "List three birds.", "Ok."]
 
@@ -30,15 +31,25 @@ operation = st.tuples(
 )
 
 
+Pair = tuple[Runtime, Runtime]
+
+
 @pytest.fixture(scope="module")
-def runtimes(tiny_models: dict[str, Path]) -> Iterator[dict[str, tuple[Runtime, Runtime]]]:
-    """Per kind: one runtime for the cached session, one for the full-reprocess reference."""
-    opened: dict[str, tuple[Runtime, Runtime]] = {}
-    for kind in ALL_KINDS:
-        settings_ = RuntimeSettings(n_ctx=2048, n_batch=32)
-        path = tiny_models[kind.value]
-        opened[kind.value] = (Runtime(path, settings_), Runtime(path, settings_))
-    yield opened
+def runtimes(
+    quantized_models: Callable[[MemoryKind, Quant], Path],
+) -> Iterator[Callable[[MemoryKind, Quant], Pair]]:
+    """Per kind and quantization: a runtime for the cached session and one for the
+    full-reprocess reference, opened on first use."""
+    opened: dict[tuple[MemoryKind, Quant], Pair] = {}
+
+    def get(kind: MemoryKind, quant: Quant) -> Pair:
+        if (kind, quant) not in opened:
+            settings_ = RuntimeSettings(n_ctx=2048, n_batch=32)
+            path = quantized_models(kind, quant)
+            opened[kind, quant] = (Runtime(path, settings_), Runtime(path, settings_))
+        return opened[kind, quant]
+
+    yield get
     for pair in opened.values():
         for runtime in pair:
             runtime.close()
@@ -69,6 +80,7 @@ def _apply(session: Session, op: str, a: int, b: int, text: str) -> StepReport |
     return None
 
 
+@pytest.mark.parametrize("quant", QUANTS, ids=lambda q: q.value)
 @pytest.mark.parametrize("kind", ALL_KINDS, ids=lambda k: k.value)
 @settings(
     max_examples=10,
@@ -80,10 +92,13 @@ def _apply(session: Session, op: str, a: int, b: int, text: str) -> StepReport |
 @given(ops=st.lists(operation, min_size=4, max_size=9))
 def test_random_tree_operations_never_change_a_reply(
     kind: MemoryKind,
-    runtimes: dict[str, tuple[Runtime, Runtime]],
+    quant: Quant,
+    runtimes: Callable[[MemoryKind, Quant], Pair],
     ops: list[tuple[str, int, int, str]],
 ) -> None:
-    cached_rt, reference_rt = runtimes[kind.value]
+    """On every memory kind, in float32, block quantizations and a K-quant (whose CPU
+    kernels make a chunk's result depend on where the prompt was split)."""
+    cached_rt, reference_rt = runtimes(kind, quant)
     cached_rt.clear()
     sampling = SamplingParams(temperature=0.8)
     store = CheckpointStore(cached_rt.identity(), ram_budget=64 << 20)
@@ -95,10 +110,10 @@ def test_random_tree_operations_never_change_a_reply(
     original = cached_rt.prepare
 
     def watched(target: list[int], **kwargs: Any) -> PrepareReport:
-        limit = len(target) - MIN_TAIL
-        best = cached_rt.live_reuse(target)
+        schedule = cached_rt.schedule(len(target), kwargs.get("marks", ()))
+        best = cached_rt.live_reuse(target, schedule)
         for checkpoint in kwargs.get("checkpoints", ()):
-            if checkpoint.n_tokens <= limit and checkpoint.is_prefix_of(target):
+            if checkpoint.fits(target, schedule):
                 best = max(best, checkpoint.n_tokens)
         report = original(target, **kwargs)
         bounds.append(len(target) - best)

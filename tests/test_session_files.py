@@ -97,7 +97,7 @@ def test_markdown_and_openai_exports_hold_the_active_branch(tmp_path: Path) -> N
 
 
 def test_checkpoints_travel_only_to_the_same_identity_and_installation(tmp_path: Path) -> None:
-    checkpoint = Checkpoint(tokens=(1, 2, 3), blob=bytearray(b"state" * 100))
+    checkpoint = Checkpoint(tokens=(1, 2, 3), blob=bytearray(b"state" * 100), bounds=(3,))
     path = _write(tmp_path, checkpoints=[SessionCheckpoint(0, checkpoint, IDENTITY)])
     ok = read_session(path, identity=IDENTITY, key=KEY)
     assert len(ok.checkpoints) == 1 and ok.dropped_checkpoints == 0
@@ -110,9 +110,19 @@ def test_checkpoints_travel_only_to_the_same_identity_and_installation(tmp_path:
         assert len(contents.conversations) == 1  # the conversation itself still imports
 
 
+def test_a_checkpoint_without_its_chunk_ends_is_dropped(tmp_path: Path) -> None:
+    """Files from before the decode schedule: their state may have been split elsewhere
+    than this version splits the same path, so it is never restored."""
+    old = Checkpoint(tokens=(1, 2, 3), blob=bytearray(b"state" * 100))
+    path = _write(tmp_path, checkpoints=[SessionCheckpoint(0, old, IDENTITY)])
+    contents = read_session(path, identity=IDENTITY, key=KEY)
+    assert contents.checkpoints == [] and contents.dropped_checkpoints == 1
+    assert len(contents.conversations) == 1
+
+
 def test_a_forged_checkpoint_with_a_recomputed_checksum_is_dropped(tmp_path: Path) -> None:
     """Someone edits the blob and fixes the sha256s: only the HMAC tag can tell."""
-    checkpoint = Checkpoint(tokens=(1, 2, 3), blob=bytearray(b"state" * 100))
+    checkpoint = Checkpoint(tokens=(1, 2, 3), blob=bytearray(b"state" * 100), bounds=(3,))
     path = _write(tmp_path, checkpoints=[SessionCheckpoint(0, checkpoint, IDENTITY)])
     members = _members(path)
     members["checkpoints/0.bin"] = b"evil" * 125
@@ -274,7 +284,7 @@ def test_fuzzed_session_files_only_ever_raise_the_typed_error(
     tmp_path_factory: pytest.TempPathFactory, mutations: list[tuple[str, int, int]]
 ) -> None:
     tmp = tmp_path_factory.mktemp("fuzz")
-    checkpoint = Checkpoint(tokens=(1, 2), blob=bytearray(b"s" * 64))
+    checkpoint = Checkpoint(tokens=(1, 2), blob=bytearray(b"s" * 64), bounds=(2,))
     path = tmp / "f.arbor"
     write_session(path, [from_tree(_branchy_tree(), title="t")],
                   [SessionCheckpoint(0, checkpoint, IDENTITY)], key=KEY)

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from engine.checkpoints import Checkpoint, CheckpointStore
+from engine.checkpoints import CheckpointStore
 from engine.llama import FlashAttention
 from engine.runtime import Runtime
 from engine.settings import (
@@ -131,7 +131,7 @@ def test_turning_the_disk_tier_off_and_on_at_once(
     runtime.prepare(list(range(10, 40)))
     blob = runtime.capture()
     store = CheckpointStore(runtime.identity(), ram_budget=1, disk_dir=tmp_path)
-    store.add(Checkpoint(blob.tokens, blob.blob, node_id=1))
+    store.add(replace(blob, node_id=1))
     store.enforce_budget()  # over a 1-byte budget: spilled to disk
     assert store.stats().disk_count == 1 and store.stats().ram_count == 0
     files = list(tmp_path.rglob("*.ckpt"))
@@ -140,7 +140,7 @@ def test_turning_the_disk_tier_off_and_on_at_once(
     store.configure(ram_budget=1 << 30, disk_dir=None)
     assert len(store) == 0 and not files[0].exists()  # a disk-only checkpoint went with it
 
-    store.add(Checkpoint(blob.tokens, blob.blob, node_id=2))
+    store.add(replace(blob, node_id=2))
     store.configure(ram_budget=1, disk_dir=tmp_path)  # on again, and over budget: spilled
     assert store.stats().disk_count == 1 and len(list(tmp_path.rglob("*.ckpt"))) == 1
     assert store.fetch(store.all()[0]) is not None

@@ -28,11 +28,11 @@ import zlib
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from engine import __version__
 from engine.atomic import atomic_writer
-from engine.checkpoints import Checkpoint, Identity
+from engine.checkpoints import Checkpoint, Identity, valid_bounds
 from engine.formats import FormatError
 from engine.formats.strict_json import dumps_strict, loads_strict
 from engine.paths import data_dirs
@@ -119,6 +119,7 @@ def write_session(
             header = {
                 "conversation": item.conversation,
                 "tokens": list(item.checkpoint.tokens),
+                "bounds": list(item.checkpoint.bounds),
                 "flags": item.checkpoint.flags,
                 "identity": asdict(item.identity),
                 "size": len(blob),
@@ -306,7 +307,7 @@ def _record_from_json(raw: Any, index: int) -> ConversationRecord:
 def _node_from_json(raw: Any, where: str) -> NodeRecord:
     obj = _obj(raw, where)
     try:
-        role = Role(obj.get("role"))
+        role = Role(cast(str, obj.get("role")))
         status = NodeStatus(obj.get("status", "complete"))
     except ValueError:
         raise FormatError(f"{where}: unknown role or status") from None
@@ -356,12 +357,17 @@ def _checkpoint(
         raise FormatError(f"{blob_name} is damaged")
     if identity is None or found != identity:
         return None  # made for another model or context: the engine will reprocess
+    bounds = header.get("bounds")
+    if not valid_bounds(bounds, len(tokens)):
+        return None  # older files: decoded with an unrecorded schedule, never exact here
     secret = key if key is not None else installation_key()
     if not hmac.compare_digest(tag, _tag(secret, header, blob)):
         return None  # not made by this installation: never hand it to llama.cpp
     return SessionCheckpoint(
         conversation=conversation,
-        checkpoint=Checkpoint(tokens=tokens, blob=bytearray(blob), flags=flags),
+        checkpoint=Checkpoint(
+            tokens=tokens, blob=bytearray(blob), bounds=tuple(bounds), flags=flags
+        ),
         identity=found,
     )
 

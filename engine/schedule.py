@@ -1,0 +1,95 @@
+"""Where a path's tokens are split into decode chunks: one schedule per path, for every mode.
+
+llama.cpp's result for a token depends on the chunk it was decoded in, not only on the tokens
+before it: on Gemma 3 270M Q4_K_M, decoding 104 tokens in one chunk or split in two changed
+the last logits by up to 1.35 (the CPU's K-quant kernels take a row-blocked path for part of
+a chunk and a per-row path for the rest). So "a reply equals a full reprocess" can only hold
+if every mode (the full reprocess, a restore and its tail, live-cache reuse, a warm-up) splits
+a path at the same places. Those places are a function of the path alone:
+
+- its marks: where each node ends, and where each reply's generation prompt ends (the prompt
+  end of the turn that produced it);
+- a grid of absolute positions every `grid` tokens (`n_batch`, or the shorter recurrent
+  interval), so long messages are split the same way whatever else is on the path;
+- `n_batch`: a stretch between two of those longer than a batch is cut every `n_batch`
+  tokens from its start.
+
+The construction is causal: the chunk ends up to a position depend only on the marks up to it.
+So when two paths share a prefix and a chunk end, they were split identically up to there,
+and state saved there on one is exactly the state the other would compute. Checkpoints and the
+live cache record the chunk ends they were decoded with (`Schedule.ends` up to their length),
+and are reused only where those equal the target's: what the cache did can never change a
+result, on any model, quantization or backend.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """The chunk ends of one target, ascending; the last is the target's length."""
+
+    ends: tuple[int, ...]
+
+    @property
+    def length(self) -> int:
+        return self.ends[-1] if self.ends else 0
+
+    def upto(self, n: int) -> tuple[int, ...]:
+        """The chunk ends at or before position `n`."""
+        return tuple(end for end in self.ends if end <= n)
+
+    def agrees(self, bounds: Sequence[int]) -> bool:
+        """Whether state decoded with chunk ends `bounds` is this schedule's state at
+        `bounds[-1]`: the same ends, in the same places, up to there."""
+        n = len(bounds)
+        return 0 < n <= len(self.ends) and tuple(bounds) == self.ends[:n]
+
+    def chunks(self, start: int) -> list[int]:
+        """The chunk ends to decode from `start`, itself a chunk end (or 0)."""
+        if start and start not in self.ends:
+            raise ValueError(f"{start} is not a chunk end of this schedule")
+        return [end for end in self.ends if end > start]
+
+
+def decode_schedule(
+    length: int, *, n_batch: int, grid: int | None = None, marks: Iterable[int] = ()
+) -> Schedule:
+    """The schedule of a target of `length` tokens with the given marks (see the module)."""
+    if length < 1:
+        raise ValueError("a schedule needs at least one token")
+    if n_batch < 1:
+        raise ValueError("n_batch must be at least 1")
+    step = n_batch if grid is None else grid
+    if not 0 < step <= n_batch:
+        raise ValueError(f"the grid ({step}) must be between 1 and n_batch ({n_batch})")
+    points = {m for m in marks if 0 < m < length}
+    points.update(range(step, length, step))
+    points.add(length)
+    ends: list[int] = []
+    position = 0
+    for point in sorted(points):
+        while point - position > n_batch:
+            position += n_batch
+            ends.append(position)
+        ends.append(point)
+        position = point
+    return Schedule(tuple(ends))
+
+
+def crossing(schedule: Schedule, start: int, interval: int) -> list[int]:
+    """Chunk ends after `start` that are the first at or past a multiple of `interval`:
+    where an interval checkpoint goes (at most one per interval tokens, a function of the
+    schedule alone, so every mode places them alike)."""
+    if interval <= 0:
+        return []
+    out: list[int] = []
+    previous = 0
+    for end in schedule.ends:
+        if end // interval > previous // interval and end > start:
+            out.append(end)
+        previous = end
+    return out
