@@ -170,9 +170,9 @@ def to_tree(record: ConversationRecord) -> Tree:
         if child is not None and child in mapping and parents.get(child) == node.id:
             built[mapping[node.id]].last_active_child = mapping[child]
     tree = Tree.from_nodes(built, active_leaf=mapping[record.active_leaf])
-    for node in tree.nodes():
-        if node.children and node.last_active_child is None:
-            node.last_active_child = node.children[-1]  # the newest, as when it was written
+    for kept in tree.nodes():
+        if kept.children and kept.last_active_child is None:
+            kept.last_active_child = kept.children[-1]  # the newest, as when it was written
     return tree
 
 

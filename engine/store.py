@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import json
 import logging
@@ -400,7 +401,7 @@ class Store:
         info = self._info(conversation_id)
         return self.create(tree, title=title or f"{info.title} (fork)")
 
-    def search(self, query: str, *, limit: int = 50) -> list[SearchHit]:
+    def search(self, query: str, *, limit: int = 50) -> builtins.list[SearchHit]:
         """Full-text search over message text (FTS5), deleted conversations excluded."""
         terms = " ".join('"' + word.replace('"', '""') + '"' for word in query.split())
         if not terms:
