@@ -21,7 +21,7 @@ from pathlib import Path
 
 import numpy as np
 
-from engine.checkpoints import RECURRENT_INTERVAL, Checkpoint, Identity
+from engine.checkpoints import Checkpoint, Identity
 from engine.errors import ArborError, Cancelled, ContextOverflowError, DecodeError
 from engine.llama import (
     ContextParams,
@@ -33,7 +33,7 @@ from engine.llama import (
     supports_gpu_offload,
 )
 from engine.model import MemoryKind, file_sha256
-from engine.schedule import Schedule, decode_schedule
+from engine.schedule import GRID, Schedule, decode_schedule
 
 log = logging.getLogger(__name__)
 
@@ -139,10 +139,9 @@ class Runtime:
         self.n_swa = self.model.n_swa
         self.n_ctx = self.ctx.n_ctx
         self.n_batch = params.n_batch
-        # Recurrent state is the same size at any position: a finer grid lets checkpoints sit
-        # every RECURRENT_INTERVAL tokens inside long messages (see plan_saves).
-        recurrent = self.memory_kind is MemoryKind.RECURRENT
-        self.grid = min(self.n_batch, RECURRENT_INTERVAL) if recurrent else self.n_batch
+        # Chunk ends every GRID tokens: inside long messages, where an edit restarts and where
+        # recurrent checkpoints (every RECURRENT_INTERVAL) sit.
+        self.grid = min(self.n_batch, GRID)
         self._live: list[int] = []
         # The chunk ends the live prefix was decoded with: the state up to _bounds[-1] is
         # exactly what that schedule gives. Tokens after it came from one-token decodes.
