@@ -33,7 +33,7 @@ from engine.llama import (
     supports_gpu_offload,
 )
 from engine.model import MemoryKind, file_sha256
-from engine.schedule import GRID, Schedule, decode_schedule
+from engine.schedule import CPU_GRID, GPU_GRID, Schedule, decode_schedule
 
 log = logging.getLogger(__name__)
 
@@ -139,9 +139,9 @@ class Runtime:
         self.n_swa = self.model.n_swa
         self.n_ctx = self.ctx.n_ctx
         self.n_batch = params.n_batch
-        # Chunk ends every GRID tokens: inside long messages, where an edit restarts and where
+        # Chunk ends on a grid inside long messages: where an edit restarts, and where
         # recurrent checkpoints (every RECURRENT_INTERVAL) sit.
-        self.grid = min(self.n_batch, GRID)
+        self.grid = min(self.n_batch, CPU_GRID if self.backend == "CPU" else GPU_GRID)
         self._live: list[int] = []
         # The chunk ends the live prefix was decoded with: the state up to _bounds[-1] is
         # exactly what that schedule gives. Tokens after it came from one-token decodes.

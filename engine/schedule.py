@@ -9,9 +9,9 @@ a path at the same places. Those places are a function of the path alone:
 
 - its marks: where each node ends, and where each reply's generation prompt ends (the prompt
   end of the turn that produced it);
-- a grid of absolute positions every `grid` tokens (GRID, or `n_batch` if smaller), so long
-  messages are split the same way whatever else is on the path, and an edit inside one
-  re-decodes at most a grid step before the change;
+- a grid of absolute positions every `grid` tokens (CPU_GRID or GPU_GRID, or `n_batch` if
+  smaller), so long messages are split the same way whatever else is on the path, and an
+  edit inside one re-decodes at most a grid step before the change;
 - `n_batch`: a stretch between two of those longer than a batch is cut every `n_batch`
   tokens from its start.
 
@@ -28,10 +28,12 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-# The grid step. Chunks of 256 tokens prefill as fast as 512 on the CPU here (SmolLM2 and
-# Gemma 3 270M, 1,500 tokens: 6.9 s vs 7.8 s and 2.7 s vs 2.7 s) and bound what an edit in
-# the middle of a long message costs; recurrent checkpoints use the same spacing.
-GRID = 256
+# The grid step. On the CPU, chunks of 64 tokens prefill as fast as chunks of 512 (measured
+# here on 1,500 tokens: SmolLM2 7.2 s vs 7.8 s, Gemma 3 270M 2.7 s vs 2.7 s) and bound what
+# an edit in the middle of a long message re-decodes before the change to 63 tokens. GPU
+# kernels want bigger batches.
+CPU_GRID = 64
+GPU_GRID = 256
 
 
 @dataclass(frozen=True)
