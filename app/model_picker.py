@@ -135,9 +135,12 @@ class ModelListModel(QAbstractTableModel):
         if role == Qt.ItemDataRole.DisplayRole:
             if column is Column.TEMPLATE:
                 choice = self._template(entry) if entry.info is not None else None
-                return choice.describe() if choice is not None else ""
+                return choice.short() if choice is not None else ""
             return _cell(entry, column)
         if role == Qt.ItemDataRole.ToolTipRole:
+            if column is Column.TEMPLATE and entry.info is not None:
+                choice = self._template(entry)
+                return f"Chat template: {choice.describe()}" if choice is not None else None
             return entry.problem or str(entry.path)
         if role == Qt.ItemDataRole.FontRole and str(entry.path) == self._loaded:
             font = QFont()
@@ -193,7 +196,7 @@ class ModelPicker(QDialog):
                  builtin: Sequence[str] | None = None) -> None:
         super().__init__(parent)
         self.setWindowTitle("Models")
-        self.resize(980, 400)
+        self.resize(1060, 400)
         settings = settings or Settings()
         if builtin is None:
             from engine.llama import builtin_template_names  # the names llama.cpp knows

@@ -45,8 +45,18 @@ class TemplateChoice:
     def is_model_own(self) -> bool:
         return self.name == MODEL_TEMPLATE
 
+    def short(self) -> str:
+        """A few words, for a table cell."""
+        name = "model's own" if self.is_model_own else self.name
+        return {
+            TemplateOrigin.MODEL: name,
+            TemplateOrigin.CHOSEN: f"{name} (chosen)",
+            TemplateOrigin.BUILTIN: f"{name} (llama.cpp built-in)",
+            TemplateOrigin.FALLBACK: f"{name} (fallback)",
+        }[self.origin]
+
     def describe(self) -> str:
-        """What the model picker and `arbor-engine info` say."""
+        """What the model picker's choice and the status bar say."""
         if self.origin is TemplateOrigin.MODEL:
             return "the model's own"
         if self.origin is TemplateOrigin.CHOSEN:

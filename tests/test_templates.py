@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from PySide6.QtCore import Qt
 from pytestqt.qtbot import QtBot
 
 from app.main_window import MainWindow
@@ -141,17 +142,19 @@ def test_the_model_picker_shows_and_picks_the_chat_template_per_file(
     def cell(row: int) -> str:
         return str(model.data(model.index(row, Column.TEMPLATE)))
 
-    assert cell(0) == "'llama3' (chosen for this file)"
-    assert cell(1).startswith("'gemma', llama.cpp's built-in")
+    assert cell(0) == "llama3 (chosen)"
+    assert cell(1) == "gemma (llama.cpp built-in)"
+    tip = model.data(model.index(1, Column.TEMPLATE), Qt.ItemDataRole.ToolTipRole)
+    assert "llama.cpp's built-in for this architecture (none in the file)" in tip
     assert picker.chosen_template() == "llama3"
     box = picker.template_box
     assert box.itemText(0).startswith("Automatic: the model's own")
     box.setCurrentIndex(0)  # back to automatic
-    assert picker.chosen_template() is None and cell(0) == "the model's own"
+    assert picker.chosen_template() is None and cell(0) == "model's own"
     picker.select_row(1)
     assert picker.chosen() == gemma_path and picker.chosen_template() is None
     box.setCurrentIndex(box.findData("chatml"))
-    assert picker.chosen_template() == "chatml" and cell(1) == "'chatml' (chosen for this file)"
+    assert picker.chosen_template() == "chatml" and cell(1) == "chatml (chosen)"
     assert box.findData(MODEL_TEMPLATE) == -1  # the file has none to offer
 
 
