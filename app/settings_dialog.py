@@ -25,7 +25,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.llama import KV_TYPES, FlashAttention
+from engine.params import KV_TYPE_NAMES, FlashAttention
 from engine.settings import Effect, Settings, SettingsError, Theme, effect_of
 
 _EFFECT_TEXT = {
@@ -176,7 +176,7 @@ def _spin(low: int, high: int, value: int, suffix: str, *, step: int = 1) -> QSp
 
 def _kv_box(current: str) -> QComboBox:
     box = QComboBox()
-    for name in KV_TYPES:
+    for name in KV_TYPE_NAMES:
         box.addItem(name, name)
-    box.setCurrentIndex(list(KV_TYPES).index(current))
+    box.setCurrentIndex(list(KV_TYPE_NAMES).index(current))
     return box

@@ -12,8 +12,8 @@ from engine.checkpoints import DEFAULT_INTERVAL
 from engine.errors import ArborError, ModelLoadError, ModelNotFoundError
 from engine.formats import FormatError
 from engine.model import list_models, read_model_info, resolve_model
+from engine.params import CacheMode, CheckpointOptions
 from engine.paths import data_dirs
-from engine.replay import CacheMode, CheckpointOptions, replay
 from engine.scenario import ScenarioError, load_scenario
 from engine.store import Store, StoreOpenError
 from engine.transfer import FileFormat, export_file, format_for_export, import_file
@@ -118,6 +118,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def _replay(args: argparse.Namespace) -> int:
+    from engine.replay import replay  # loads llama.cpp: only the command that runs a model
+
     scenario = load_scenario(args.scenario)
     options = CheckpointOptions(
         interval=args.checkpoint_interval,

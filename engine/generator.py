@@ -16,7 +16,8 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from engine.checkpoints import DEFAULT_INTERVAL, Checkpoint, CheckpointStore, plan_saves
-from engine.llama import SamplingParams, apply_builtin_template, builtin_template_names
+from engine.llama import apply_builtin_template, builtin_template_names
+from engine.params import SamplingParams
 from engine.prompt import BuiltinTemplate, ChatTemplate, PromptBuilder, Template, Tokenizer
 from engine.runtime import (
     CancelFn,

@@ -12,8 +12,6 @@ import logging
 import os
 import threading
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 
 import llama_cpp as lc
@@ -21,18 +19,20 @@ import numpy as np
 
 from engine.errors import DecodeError, ModelLoadError
 from engine.model import MemoryKind, read_model_info
+from engine.params import KV_TYPE_NAMES, ContextParams, FlashAttention, SamplingParams
 
 log = logging.getLogger(__name__)
 native_log = logging.getLogger("llama.cpp")
 
 SEQ = 0  # Arbor uses one sequence per context.
 
-KV_TYPES: dict[str, int] = {
+KV_TYPES: dict[str, int] = {  # keyed by engine.params.KV_TYPE_NAMES
     "f32": lc.GGML_TYPE_F32,
     "f16": lc.GGML_TYPE_F16,
     "q8_0": lc.GGML_TYPE_Q8_0,
     "q4_0": lc.GGML_TYPE_Q4_0,
 }
+assert tuple(KV_TYPES) == KV_TYPE_NAMES
 
 _NO_ABORT = lc.ggml_abort_callback(0)  # a NULL callback
 _ABORT_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_void_p)
@@ -147,23 +147,6 @@ def quantize_file(source: Path, target: Path, kind: str, *, n_threads: int = 0) 
     ))
     if status != 0:
         raise ModelLoadError(f"llama.cpp could not quantize {source.name} to {kind}")
-
-
-class FlashAttention(StrEnum):
-    AUTO = "auto"
-    ON = "on"
-    OFF = "off"
-
-
-@dataclass(frozen=True)
-class ContextParams:
-    n_ctx: int = 4096
-    n_batch: int = 512
-    n_threads: int = 0  # 0 = all cores
-    flash_attn: FlashAttention = FlashAttention.OFF
-    type_k: str = "f16"
-    type_v: str = "f16"
-    swa_full: bool = False
 
 
 class LlamaModel:
@@ -434,18 +417,6 @@ class LlamaContext:
         """A copy of the logits of the last decoded token."""
         ptr = lc.llama_get_logits_ith(self._ptr, -1)
         return np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,)).copy()
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    temperature: float = 0.7
-    top_k: int = 40
-    top_p: float = 0.95
-    min_p: float = 0.05
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature <= 0.0
 
 
 class Sampler:

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from dataclasses import asdict, dataclass
-from enum import StrEnum
+from dataclasses import asdict
 from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from engine.checkpoints import DEFAULT_INTERVAL, CheckpointStore
+from engine.checkpoints import CheckpointStore
 from engine.formats.native import write_session
 from engine.model import file_sha256, resolve_model
+from engine.params import CacheMode, CheckpointOptions
 from engine.records import from_tree
 from engine.runtime import Runtime, RuntimeSettings
 from engine.scenario import Op, Scenario, ScenarioError, Step
@@ -21,19 +21,6 @@ from engine.store import Store, StoreSink
 from engine.tree import TreeError
 
 log = logging.getLogger(__name__)
-
-
-class CacheMode(StrEnum):
-    CHECKPOINTS = "checkpoints"  # reuse the live cache (and checkpoints) wherever valid
-    NONE = "none"  # clear the context and decode the whole prompt at every step
-
-
-@dataclass(frozen=True)
-class CheckpointOptions:
-    interval: int = DEFAULT_INTERVAL
-    ram_budget: int | None = None  # bytes; None = the default from the machine's memory
-    disk_dir: Path | None = None  # the disk tier; None = RAM only
-    disk_budget: int = 8 << 30
 
 
 def replay(

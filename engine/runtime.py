@@ -24,7 +24,6 @@ import numpy as np
 from engine.checkpoints import Checkpoint, Identity
 from engine.errors import ArborError, Cancelled, ContextOverflowError, DecodeError
 from engine.llama import (
-    ContextParams,
     LlamaContext,
     LlamaModel,
     Sampler,
@@ -33,6 +32,7 @@ from engine.llama import (
     supports_gpu_offload,
 )
 from engine.model import MemoryKind, file_sha256
+from engine.params import RuntimeSettings
 from engine.schedule import CPU_GRID, GPU_GRID, Schedule, decode_schedule
 
 log = logging.getLogger(__name__)
@@ -60,27 +60,6 @@ class FinishReason(StrEnum):
     LENGTH = "length"  # max_tokens reached
     CONTEXT_FULL = "context_full"  # no room left in the context
     CANCELLED = "cancelled"
-
-
-@dataclass(frozen=True)
-class RuntimeSettings:
-    n_ctx: int = 4096
-    n_batch: int = 512
-    n_threads: int = 0
-    n_gpu_layers: int = 0
-    context: ContextParams | None = None  # flash attention, K/V types, swa_full
-
-    def context_params(self) -> ContextParams:
-        base = self.context or ContextParams()
-        return ContextParams(
-            n_ctx=self.n_ctx,
-            n_batch=self.n_batch,
-            n_threads=self.n_threads,
-            flash_attn=base.flash_attn,
-            type_k=base.type_k,
-            type_v=base.type_v,
-            swa_full=base.swa_full,
-        )
 
 
 @dataclass(frozen=True)

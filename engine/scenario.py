@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from engine.errors import ArborError
-from engine.llama import SamplingParams
+from engine.params import SamplingParams
 
 DEFAULT_MAX_TOKENS = 64
 

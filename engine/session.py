@@ -14,7 +14,7 @@ from typing import Protocol
 from engine.checkpoints import DEFAULT_INTERVAL, CheckpointStore
 from engine.errors import Cancelled
 from engine.generator import Generator
-from engine.llama import SamplingParams
+from engine.params import SamplingParams
 from engine.runtime import (
     CancelFn,
     FinishReason,

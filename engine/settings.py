@@ -20,9 +20,14 @@ from typing import Any, cast
 from engine.atomic import write_atomic
 from engine.checkpoints import DEFAULT_INTERVAL
 from engine.errors import ArborError
-from engine.llama import KV_TYPES, ContextParams, FlashAttention, SamplingParams
+from engine.params import (
+    KV_TYPE_NAMES,
+    ContextParams,
+    FlashAttention,
+    RuntimeSettings,
+    SamplingParams,
+)
 from engine.paths import data_dirs
-from engine.runtime import RuntimeSettings
 
 log = logging.getLogger(__name__)
 
@@ -188,9 +193,9 @@ def _problems(s: Settings) -> list[str]:
     if not 0 <= s.n_threads <= 512:
         out.append("threads must be 0 (all cores) or a number of threads up to 512")
     for name in ("type_k", "type_v"):
-        if getattr(s, name) not in KV_TYPES:
+        if getattr(s, name) not in KV_TYPE_NAMES:
             out.append(f"{name}: unknown cache type {getattr(s, name)!r} "
-                       f"(one of {', '.join(sorted(KV_TYPES))})")
+                       f"(one of {', '.join(sorted(KV_TYPE_NAMES))})")
     if s.type_v != "f16" and s.type_v != "f32" and s.flash_attn is FlashAttention.OFF:
         out.append("a quantized V cache needs flash attention (on or auto)")
     if s.checkpoint_ram_mib != 0 and not 16 <= s.checkpoint_ram_mib <= 1 << 20:

@@ -1,7 +1,9 @@
-"""The engine never imports Qt or the app (DESIGN.md: the arrow points one way)."""
+"""Import contracts: the engine never imports Qt or the app (DESIGN.md: the arrow points one
+way), and only the llama.cpp layer loads llama.cpp."""
 
 from __future__ import annotations
 
+import ast
 import pkgutil
 import subprocess
 import sys
@@ -35,5 +37,53 @@ def test_the_check_would_notice_a_qt_import() -> None:
     code = "import sys, app.worker; print('PySide6' in sys.modules)"
     result = subprocess.run(
         [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == "True"
+
+
+# Modules that run a model: they may load llama.cpp's native library. Everything else in the
+# engine (settings, scenarios, the store, files, the command line's other commands) and the
+# app's value and widget modules must not: they are read where no model is loaded.
+NATIVE = {"engine.llama", "engine.runtime", "engine.generator", "engine.session", "engine.replay"}
+NATIVE_FREE_APP = ["app.theme", "app.icons", "app.settings_dialog", "app.model_picker",
+                   "app.messages", "app.sidebar", "app.chat_model", "app.tree_panel",
+                   "app.importer"]
+
+
+def test_only_the_llama_cpp_layer_imports_llama_cpp() -> None:
+    """The static half of the contract: no other module names it in an import."""
+    offenders = []
+    for path in sorted([*(ROOT / "engine").rglob("*.py"), *(ROOT / "app").rglob("*.py")]):
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            names = (
+                [alias.name for alias in node.names] if isinstance(node, ast.Import)
+                else [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            )
+            if any(name.split(".")[0] == "llama_cpp" for name in names):
+                offenders.append(str(path.relative_to(ROOT)))
+    assert offenders == ["engine/llama.py"]
+
+
+def test_modules_that_run_no_model_do_not_load_the_native_library() -> None:
+    modules = sorted(m.name for m in pkgutil.walk_packages(engine.__path__, "engine."))
+    free = [m for m in modules if m not in NATIVE and m != "engine.__main__"]
+    assert "engine.settings" in free and "engine.scenario" in free and "engine.cli" in free
+    code = (
+        "import importlib, sys\n"
+        f"for name in {[*free, *NATIVE_FREE_APP]!r}:\n"
+        "    importlib.import_module(name)\n"
+        "    if 'llama_cpp' in sys.modules:\n"
+        "        print(name)\n"
+        "        break\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == "", f"{result.stdout.strip()} loaded llama_cpp"
+    # The check can fail: the runtime does load it.
+    probe = "import sys, engine.runtime; print('llama_cpp' in sys.modules)"
+    result = subprocess.run(
+        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True
     )
     assert result.stdout.strip() == "True"
