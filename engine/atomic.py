@@ -1,7 +1,9 @@
-"""Atomic file writes: a temp file in the same folder, fsync, then os.replace.
+"""Atomic file writes: a temp file in the same folder, fsync, os.replace, fsync of the folder.
 
 A crash or a full disk leaves either the old file or the new one, never a half-written one
-(LESSONS.md: GPT4All lost chats to 0-byte files written in place).
+(LESSONS.md: GPT4All lost chats to 0-byte files written in place). Every file Arbor writes
+goes through here: settings, session files, exports, checkpoints, the model-hash cache and
+the installation key.
 """
 
 from __future__ import annotations
@@ -15,8 +17,9 @@ from typing import BinaryIO
 
 
 @contextlib.contextmanager
-def atomic_writer(path: Path) -> Iterator[BinaryIO]:
-    """Yield a binary file; on success it replaces `path`, on any error it vanishes."""
+def atomic_writer(path: Path, *, mode: int | None = None) -> Iterator[BinaryIO]:
+    """Yield a binary file; on success it replaces `path`, on any error it vanishes. The
+    file is created 0600 (mkstemp); `mode` sets other permissions before it appears."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -24,12 +27,49 @@ def atomic_writer(path: Path) -> Iterator[BinaryIO]:
             yield f
             f.flush()
             os.fsync(f.fileno())
+        if mode is not None:
+            os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    fsync_folder(path.parent)
 
 
-def write_atomic(path: Path, data: bytes) -> None:
-    with atomic_writer(path) as f:
+def write_atomic(path: Path, data: bytes, *, mode: int | None = None) -> None:
+    with atomic_writer(path, mode=mode) as f:
         f.write(data)
+
+
+def create_once(path: Path, data: bytes) -> bool:
+    """Create `path` holding `data` (mode 0600) unless it exists: complete or not at all,
+    and never over a file another process created first. False when it already existed."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, path)  # atomic, and fails if the name is taken
+        except FileExistsError:
+            return False
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+    fsync_folder(path.parent)
+    return True
+
+
+def fsync_folder(folder: Path) -> None:
+    """Make a rename in `folder` durable. Best effort: some systems cannot open a folder."""
+    try:
+        fd = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)

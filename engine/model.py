@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
+from engine.atomic import write_atomic
 from engine.errors import ModelLoadError, ModelNotFoundError
 from engine.gguf_header import GGUFHeaderError, read_gguf_header
 from engine.paths import DataDirs, data_dirs
@@ -175,10 +176,7 @@ def _read_hashes(store: Path) -> dict[str, object]:
 def _write_hashes(store: Path, known: dict[str, object]) -> None:
     """Best effort: a cache that cannot be written only costs a re-hash next time."""
     try:
-        store.parent.mkdir(parents=True, exist_ok=True)
-        tmp = store.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(known), encoding="utf-8")
-        os.replace(tmp, store)
+        write_atomic(store, json.dumps(known).encode("utf-8"))
     except OSError as exc:
         log.info("cannot remember the model hash: %s", exc)
 

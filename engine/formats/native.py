@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import os
 import re
 import secrets
 import time
@@ -31,7 +30,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from engine import __version__
-from engine.atomic import atomic_writer
+from engine.atomic import atomic_writer, create_once, write_atomic
 from engine.checkpoints import Checkpoint, Identity, valid_bounds
 from engine.formats import FormatError
 from engine.formats.strict_json import dumps_strict, loads_strict
@@ -74,20 +73,22 @@ class SessionContents:
 def installation_key(config_dir: Path | None = None) -> bytes:
     """This installation's secret for checkpoint tags, created on first use (mode 0600)."""
     path = (config_dir or data_dirs().config) / KEY_FILE
-    try:
-        key = path.read_bytes()
+    for _ in range(2):
+        try:
+            key = path.read_bytes()
+        except FileNotFoundError:
+            key = secrets.token_bytes(32)
+            if create_once(path, key):
+                return key
+            continue  # another process made it first: use theirs
         if len(key) == 32:
             return key
-    except FileNotFoundError:
-        pass
-    path.parent.mkdir(parents=True, exist_ok=True)
-    key = secrets.token_bytes(32)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(key)
-        f.flush()
-        os.fsync(f.fileno())
-    return key
+        # Damaged (it was once written in place): a new key, atomically. Checkpoints signed
+        # with the old one were unverifiable anyway.
+        key = secrets.token_bytes(32)
+        write_atomic(path, key, mode=0o600)
+        return key
+    raise OSError(f"cannot read or create {path}")
 
 
 def _tag(key: bytes, header: dict[str, Any], blob: bytes | bytearray) -> str:
