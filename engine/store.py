@@ -137,6 +137,9 @@ class Store:
         self._db = self._open(self.path)
         if recover:
             self._recover_streaming()
+            purged = self.purge()  # the promise: deleted conversations go after 30 days
+            if purged:
+                log.info("purged %d conversations deleted over 30 days ago", purged)
 
     def close(self) -> None:
         self._db.close()
@@ -548,16 +551,20 @@ def _check_header(path: Path) -> None:
         )
 
 
+_WRITE_REASONS = {
+    sqlite3.SQLITE_FULL: "the disk is full",
+    sqlite3.SQLITE_READONLY: "the database is read-only",
+    sqlite3.SQLITE_IOERR: "the disk reported an I/O error",
+    sqlite3.SQLITE_CANTOPEN: "the database file could not be opened",
+}
+
+
 def _write_error(exc: sqlite3.Error) -> StoreWriteError:
-    text = str(exc).lower()
-    if "full" in text:
-        reason = "the disk is full"
-    elif "readonly" in text or "read-only" in text:
-        reason = "the database is read-only"
-    elif "i/o" in text:
-        reason = "the disk reported an I/O error"
-    else:
-        reason = str(exc)
+    """Classified by SQLite's primary result code (extended codes carry it in the low byte),
+    never by the message text."""
+    code = getattr(exc, "sqlite_errorcode", None)
+    reason = _WRITE_REASONS.get(code & 0xFF) if isinstance(code, int) else None
+    reason = reason or str(exc)
     return StoreWriteError(f"could not save the conversation: {reason}; nothing saved before "
                            f"was lost")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sqlite3
+import time
 from pathlib import Path
 from typing import Any
 
@@ -10,7 +11,15 @@ import pytest
 
 from engine.replay import replay
 from engine.scenario import parse_scenario
-from engine.store import SCHEMA_VERSION, Store, StoreOpenError, StoreSink, StoreWriteError
+from engine.store import (
+    PURGE_AFTER_S,
+    SCHEMA_VERSION,
+    Store,
+    StoreOpenError,
+    StoreSink,
+    StoreWriteError,
+    _write_error,
+)
 from engine.tree import NodeStatus, Role, Tree
 
 
@@ -199,7 +208,9 @@ class _FailingConnection:
 
     def execute(self, sql: str, *args: Any) -> Any:
         if sql.startswith("INSERT INTO nodes ("):
-            raise sqlite3.OperationalError("disk I/O error")
+            error = sqlite3.OperationalError("disk I/O error")
+            error.sqlite_errorcode = sqlite3.SQLITE_IOERR_WRITE  # as SQLite raises it
+            raise error
         return self.real.execute(sql, *args)
 
     def __getattr__(self, name: str) -> Any:
@@ -213,13 +224,41 @@ def test_an_io_error_mid_action_rolls_the_whole_action_back(tmp_path: Path) -> N
         real = store._db
         store._db = _FailingConnection(real)  # type: ignore[assignment]
         new = tree.add_sibling(tree.message(0).id, "edited")
-        with pytest.raises(StoreWriteError, match="I/O error"):
+        with pytest.raises(StoreWriteError, match="the disk reported an I/O error"):
             store.save(cid, tree, [new])
         store._db = real
         reloaded = store.load(cid)
         assert [n.text for n in reloaded.messages()] == ["q", "r"]
         assert len(reloaded) == 3
         assert store.integrity_ok()
+
+
+def test_write_errors_are_told_apart_by_their_code_not_their_text() -> None:
+    error = sqlite3.OperationalError("database or disk is full (or so it says)")
+    error.sqlite_errorcode = sqlite3.SQLITE_READONLY
+    assert "the database is read-only" in str(_write_error(error))
+    uncoded = sqlite3.OperationalError("something new")
+    assert "something new" in str(_write_error(uncoded))
+
+
+def test_conversations_deleted_over_30_days_ago_are_purged_when_the_store_opens(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "c.db"
+    with Store(db) as store:
+        old, recent, kept = (store.create(_tree(t), title=t) for t in ("old", "recent", "kept"))
+        store.delete(old)
+        store.delete(recent)
+        store._db.execute("UPDATE conversations SET deleted_at = ? WHERE id = ?",
+                          (time.time() - PURGE_AFTER_S - 60, old))
+    with Store(db, recover=False) as second:  # a second connection (an import) purges nothing
+        assert second._db.execute("SELECT COUNT(*) FROM conversations").fetchone()[0] == 3
+    with Store(db) as store:
+        ids = {r[0] for r in store._db.execute("SELECT id FROM conversations")}
+        assert ids == {recent, kept}  # the recent one can still be undone
+        store.undelete(recent)
+        assert {c.id for c in store.list()} == {recent, kept}
+        assert store.search("old") == []
 
 
 def test_replay_persists_every_operation(tmp_path: Path, tiny_models: dict[str, Path]) -> None:
