@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import TypeVar
 
 from PySide6.QtCore import QByteArray, QMetaObject, QSettings, Qt, QThread, QTimer, Signal, Slot
 from PySide6.QtGui import QAction, QCloseEvent, QKeySequence
@@ -64,13 +65,13 @@ from app.tree_panel import TreePanel, panel_nodes_from_tree
 from app.worker import EngineWorker
 from engine.errors import ArborError
 from engine.paths import data_dirs
-from engine.records import ConversationRecord
 from engine.settings import Effect, Settings, SettingsError, effect_of, load_settings, save_settings
 from engine.store import Store, StoreSink
 from engine.transfer import FileFormat, export_file
 from engine.tree import Node, NodeStatus, Role, Tree, TreeError
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # Quiet time after the user's last move before the engine warms the likely next prompt.
 WARM_DELAY_MS = 250
@@ -522,7 +523,7 @@ class MainWindow(QMainWindow):
     @Slot()
     def new_conversation(self) -> None:
         tree = Tree()
-        cid = self._guard(lambda: self.store.create(tree, title="New conversation"))
+        cid = self._fetch(lambda: self.store.create(tree, title="New conversation"))
         if cid is None:
             return
         self.trees[cid] = tree
@@ -534,7 +535,7 @@ class MainWindow(QMainWindow):
     @Slot(int)
     def open_conversation(self, conversation_id: int) -> None:
         if conversation_id not in self.trees:
-            tree = self._guard(lambda: self.store.load(conversation_id))
+            tree = self._fetch(lambda: self.store.load(conversation_id))
             if tree is None:
                 return
             self.trees[conversation_id] = tree
@@ -546,7 +547,7 @@ class MainWindow(QMainWindow):
     def _rename(self, conversation_id: int) -> None:
         title, ok = QInputDialog.getText(self, "Rename", "Title:")
         if ok and title.strip():
-            self._guard(lambda: self.store.rename(conversation_id, title.strip()))
+            self._attempt(lambda: self.store.rename(conversation_id, title.strip()))
             self._refresh_sidebar()
 
     def _rename_current(self) -> None:
@@ -598,7 +599,7 @@ class MainWindow(QMainWindow):
 
     @Slot(int)
     def delete_conversation(self, conversation_id: int) -> None:
-        if self._guard(lambda: self.store.delete(conversation_id)) is False:
+        if not self._attempt(lambda: self.store.delete(conversation_id)):
             return
 
         def undo() -> None:
@@ -755,7 +756,7 @@ class MainWindow(QMainWindow):
     def fork(self, node_id: int) -> None:
         assert self.current is not None
         source = self.current
-        cid = self._guard(lambda: self.store.fork(source, node_id))
+        cid = self._fetch(lambda: self.store.fork(source, node_id))
         if cid is not None:
             self.open_conversation(cid)
 
@@ -795,8 +796,8 @@ class MainWindow(QMainWindow):
         if not self._undo:
             return
         what, action = self._undo.pop()
-        self._guard(action)
-        self.statusBar().showMessage(f"Undone: {what.lower()}.", 4_000)
+        if self._attempt(action):
+            self.statusBar().showMessage(f"Undone: {what.lower()}.", 4_000)
 
     # --- generation ----------------------------------------------------------------------------
 
@@ -1044,7 +1045,7 @@ class MainWindow(QMainWindow):
         cid = conversation_id if conversation_id is not None else self.current
         assert cid is not None
         tree = self.trees[cid]
-        return self._guard(lambda: self.store.save(cid, tree, nodes, deleted=deleted)) is not False
+        return self._attempt(lambda: self.store.save(cid, tree, nodes, deleted=deleted))
 
     def _drop_unsaved(self, node: Node, leaf: int) -> None:
         """A node the store refused (disk full, say) leaves the tree too: what the window
@@ -1054,14 +1055,23 @@ class MainWindow(QMainWindow):
             self.tree.set_active(leaf)
         self._refresh_views()
 
-    def _guard(self, action: Callable[[], object]) -> object:
-        """Run a store action; a failure is a message to the user, never a traceback."""
+    def _attempt(self, action: Callable[[], object]) -> bool:
+        """Run a store action; a failure is one message to the user (and False), never a
+        traceback."""
         try:
-            result = action()
+            action()
         except ArborError as exc:
             QMessageBox.warning(self, "Arbor", str(exc))
             return False
-        return True if result is None else result
+        return True
+
+    def _fetch(self, action: Callable[[], T]) -> T | None:
+        """Run a store action that returns a value; None (and one message) if it failed."""
+        try:
+            return action()
+        except ArborError as exc:
+            QMessageBox.warning(self, "Arbor", str(exc))
+            return None
 
     def _refresh_views(self) -> None:
         if self.current is None or self.current not in self.trees:
@@ -1148,12 +1158,12 @@ class MainWindow(QMainWindow):
             return
         cid = self.current
         if fmt is FileFormat.NATIVE:
-            record = self._guard(lambda: self.store.record(cid))
-            if isinstance(record, ConversationRecord):
+            record = self._fetch(lambda: self.store.record(cid))
+            if record is not None:
                 self.statusBar().showMessage(f"Writing {path.name}…")
                 self.request_export.emit(ExportRequest(str(path), cid, (record,)))
             return
-        if self._guard(lambda: export_file(self.store, [cid], path, fmt)) is not False:
+        if self._attempt(lambda: export_file(self.store, [cid], path, fmt)):
             self.statusBar().showMessage(f"Exported to {path}.", 6000)
 
     @Slot(object)

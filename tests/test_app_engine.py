@@ -339,3 +339,50 @@ def test_a_message_the_store_refuses_leaves_the_window_as_saved(
     assert window.composer.toPlainText() == "This will not fit"
     monkeypatch.setattr(Store, "save", real_save)
     assert [n.text for n in window.store.load(window.current or 0).messages()] == before
+
+
+@pytest.mark.parametrize("failing", ["create", "load", "rename", "delete", "fork", "save"])
+def test_a_store_error_anywhere_leaves_the_window_consistent_with_one_message(
+    qtbot: QtBot, window: MainWindow, monkeypatch: pytest.MonkeyPatch, failing: str
+) -> None:
+    """The window used to keep `False` as a tree or as the current conversation after a
+    failed load or create, and the next access raised AttributeError."""
+    send(qtbot, window, "Hello there.")
+    first = window.current
+    assert first is not None
+    window.new_conversation()
+    second = window.current
+    assert second is not None and second != first
+    window.trees.pop(first)  # not loaded yet in this window: opening it reads the store
+    shown: list[str] = []
+    monkeypatch.setattr("app.main_window.QMessageBox.warning",
+                        lambda _parent, _title, text: shown.append(text))
+    monkeypatch.setattr("app.main_window.QInputDialog.getText",
+                        lambda *_args: ("A new title", True))
+
+    def broken(*_args: object, **_kwargs: object) -> None:
+        raise StoreWriteError("could not save the conversation: the disk is full")
+
+    monkeypatch.setattr(Store, failing, broken)
+    before = (window.current, dict(window.trees))
+    if failing == "create":
+        window.new_conversation()
+    elif failing == "load":
+        window.open_conversation(first)
+    elif failing == "rename":
+        window._rename(second)
+    elif failing == "delete":
+        window.delete_conversation(second)
+    elif failing == "fork":
+        window.fork(window.tree.active_leaf)
+    elif failing == "save":
+        window.composer.setPlainText("Not saved")
+        qtbot.keyClick(window.composer, Qt.Key.Key_Return)
+    assert shown == ["could not save the conversation: the disk is full"]
+    assert (window.current, dict(window.trees)) == before
+    assert all(isinstance(tree, type(window.tree)) for tree in window.trees.values())
+    monkeypatch.undo()  # the store works again: the window goes on as if nothing happened
+    window.open_conversation(first)
+    assert window.current == first and window.tree.messages()[0].text == "Hello there."
+    window.new_conversation()
+    assert isinstance(window.current, int) and window.current not in (first, second)
