@@ -112,7 +112,6 @@ class Progress:
     request_id: int
     done: int
     total: int
-    prompt_tokens: int
 
 
 @dataclass(frozen=True)
@@ -149,8 +148,7 @@ class Failed:
     request_id: int
     conversation_id: int
     reply_id: int
-    message: str  # empty when the user stopped it before any token
-    cancelled: bool
+    message: str  # empty when the user stopped it (`aborted`), else why it failed
 
 
 @dataclass(frozen=True)

@@ -204,20 +204,20 @@ class EngineWorker(QObject):
             log.exception("the reply failed")
             self.errored.emit(self._failed(
                 request, f"an internal error stopped the reply ({type(exc).__name__}); "
-                "what was written is saved", cancelled=False))
+                "what was written is saved"))
 
     def _generate(self, request: GenerateRequest) -> None:
         generator = self._generator
         self._stop.clear()
         if generator is None:
-            self.errored.emit(self._failed(request, "no model is loaded", cancelled=False))
+            self.errored.emit(self._failed(request, "no model is loaded"))
             return
         path = [view.to_node() for view in request.path]
         resume = request.resume.to_node() if request.resume is not None else None
         untokenized = {node.id for node in path if node.tokens is None}
 
         def on_progress(done: int, total: int) -> None:
-            self.progress.emit(Progress(request.request_id, done, total, 0))
+            self.progress.emit(Progress(request.request_id, done, total))
 
         def on_plan(prompt: int, reused: int, source: Source, position: int | None) -> None:
             self.planned.emit(Plan(request.request_id, prompt, reused, source.value, position))
@@ -236,10 +236,10 @@ class EngineWorker(QObject):
                 cancel=self._stop.is_set,
             )
         except Cancelled:
-            self.aborted.emit(self._failed(request, "", cancelled=True))
+            self.aborted.emit(self._failed(request, ""))
             return
         except ArborError as exc:
-            self.errored.emit(self._failed(request, str(exc), cancelled=False))
+            self.errored.emit(self._failed(request, str(exc)))
             return
         generated = [*prepared.before, *generation.tokens]
         text = prepared.base_text + generation.text
@@ -344,6 +344,5 @@ class EngineWorker(QObject):
         )
 
     @staticmethod
-    def _failed(request: GenerateRequest, message: str, *, cancelled: bool) -> Failed:
-        return Failed(request.request_id, request.conversation_id, request.reply_id, message,
-                      cancelled)
+    def _failed(request: GenerateRequest, message: str) -> Failed:
+        return Failed(request.request_id, request.conversation_id, request.reply_id, message)
