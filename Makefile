@@ -22,11 +22,11 @@ run: $(STAMP)
 test: $(STAMP)
 	QT_QPA_PLATFORM=offscreen $(PY) -m pytest
 	$(VENV)/bin/ruff check engine app tests
-	$(VENV)/bin/mypy engine
+	$(VENV)/bin/mypy engine app
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check engine app tests
-	$(VENV)/bin/mypy engine
+	$(VENV)/bin/mypy engine app
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -249,16 +249,19 @@ class ChatView(QListView):
         self.setCurrentIndex(self._chat_model.index(row, 0))
         return True
 
+    def model(self) -> ChatModel:
+        """The view's own row model (typed: QListView.model() says only QAbstractItemModel)."""
+        return self._chat_model
+
     @Slot()
     def update_actions(self) -> None:
         """Enable the actions that make sense for the current message."""
         row = self.current_row()
-        has = row is not None
         for name in ("edit", "rewind", "fork", "copy", "delete"):
-            self._actions[name].setEnabled(has)
-        self.regenerate_action.setEnabled(has and row.role == ASSISTANT)
-        self.previous_variant_action.setEnabled(has and row.variant > 0)
-        self.next_variant_action.setEnabled(has and row.variant + 1 < row.variants)
+            self._actions[name].setEnabled(row is not None)
+        self.regenerate_action.setEnabled(row is not None and row.role == ASSISTANT)
+        self.previous_variant_action.setEnabled(row is not None and row.variant > 0)
+        self.next_variant_action.setEnabled(row is not None and row.variant + 1 < row.variants)
 
     @Slot(QModelIndex, QModelIndex)
     def _on_current_changed(self, _current: QModelIndex, _previous: QModelIndex) -> None:

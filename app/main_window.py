@@ -26,6 +26,7 @@ from PySide6.QtWidgets import (
     QInputDialog,
     QLabel,
     QMainWindow,
+    QMenu,
     QMessageBox,
     QProgressBar,
     QPushButton,
@@ -151,7 +152,8 @@ class MainWindow(QMainWindow):
         self.composer = Composer()
         self.composer.setMaximumHeight(120)
         self.send_button = QPushButton("Send")
-        self.progress = QProgressBar(visible=False)
+        self.progress = QProgressBar()
+        self.progress.setVisible(False)
         self.progress_label = QLabel()
         self.tree_panel = TreePanel()
         self._build_layout()
@@ -283,12 +285,12 @@ class MainWindow(QMainWindow):
         self.action_tree = toggle
         self.action_stop = self._action("Stop", "Esc", self.stop)
         edit_menu.insertAction(self.action_continue, self.action_stop)
-        for action in (self.action_new, self.action_models, self.action_tree, None,
-                       self.action_undo, self.action_stop, None, self.action_settings):
-            if action is None:
+        for item in (self.action_new, self.action_models, self.action_tree, None,
+                     self.action_undo, self.action_stop, None, self.action_settings):
+            if item is None:
                 toolbar.addSeparator()
             else:
-                toolbar.addAction(action)
+                toolbar.addAction(item)
         self._apply_icons()
         theme_events.changed.connect(self._apply_icons)
 
@@ -578,7 +580,7 @@ class MainWindow(QMainWindow):
         rows: list[tuple[str, str]] = []
         for menu_action in self.menuBar().actions():
             menu = menu_action.menu()
-            if menu is None:
+            if not isinstance(menu, QMenu):
                 continue
             for action in menu.actions():
                 keys = ", ".join(k.toString(QKeySequence.SequenceFormat.NativeText)

@@ -19,7 +19,6 @@ from typing import Any, ClassVar
 from PySide6.QtCore import (
     QAbstractItemModel,
     QEvent,
-    QModelIndex,
     QObject,
     QPersistentModelIndex,
     QPoint,
@@ -636,7 +635,7 @@ class MessageDelegate(QStyledItemDelegate):
             editor.height_wanted.disconnect(self._on_editor_height)
             self._edit = None
             if index.isValid():
-                self.sizeHintChanged.emit(QModelIndex(index))
+                self.sizeHintChanged.emit(index.model().index(index.row(), index.column()))
         super().destroyEditor(editor, index)
 
     def eventFilter(self, watched: QObject, event: QEvent) -> bool:
@@ -653,4 +652,5 @@ class MessageDelegate(QStyledItemDelegate):
             return
         edit.height = height
         if edit.index.isValid():
-            self.sizeHintChanged.emit(QModelIndex(edit.index))
+            self.sizeHintChanged.emit(edit.index.model().index(edit.index.row(),
+                                                               edit.index.column()))

@@ -122,8 +122,8 @@ class SettingsDialog(QDialog):
             spin.valueChanged.connect(self._update)
         for double in (self.temperature, self.top_p):
             double.valueChanged.connect(self._update)
-        for box in (self.flash_attn, self.type_k, self.type_v, self.theme):
-            box.currentIndexChanged.connect(self._update)
+        for combo in (self.flash_attn, self.type_k, self.type_v, self.theme):
+            combo.currentIndexChanged.connect(self._update)
         self.disk_tier.toggled.connect(self._update)
         self._update()
 

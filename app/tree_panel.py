@@ -244,7 +244,7 @@ class NodeItem(QGraphicsEllipseItem):
         elif not wanted and self.badge is not None:
             badge, self.badge = self.badge, None
             scene = badge.scene()
-            badge.setParentItem(None)
+            badge.setParentItem(None)  # type: ignore[arg-type]  # Qt takes None; the stubs do not
             if scene is not None:
                 scene.removeItem(badge)  # Python owns it now; dropping it deletes it
 

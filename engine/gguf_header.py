@@ -83,7 +83,7 @@ class _Reader:
     def value(self, vtype: int) -> Value:
         if vtype in _SCALARS:
             fmt, size = _SCALARS[vtype]
-            return struct.unpack(fmt, self.read(size))[0]  # type: ignore[no-any-return]
+            return struct.unpack(fmt, self.read(size))[0]
         if vtype == _STRING:
             return self.string()
         if vtype == _ARRAY:
