@@ -64,6 +64,7 @@ from app.sidebar import Sidebar
 from app.theme import apply_theme, theme_events
 from app.tree_panel import TreePanel, panel_nodes_from_tree
 from app.worker import EngineWorker
+from engine.conversation import Conversation
 from engine.errors import ArborError
 from engine.paths import data_dirs
 from engine.settings import Effect, Settings, SettingsError, effect_of, load_settings, save_settings
@@ -631,9 +632,8 @@ class MainWindow(QMainWindow):
     def send(self, text: str) -> None:
         if self._busy():
             return
-        tree = self.tree
-        leaf = tree.active_leaf
-        message = tree.add_child(leaf, Role.USER, text)
+        leaf = self.tree.active_leaf
+        (message,) = Conversation(self.tree).send(text).nodes
         if not self._save([message]):
             self._drop_unsaved(message, leaf)  # the composer keeps the text
             return
@@ -652,11 +652,12 @@ class MainWindow(QMainWindow):
         if self._busy():
             return
         leaf = self.tree.active_leaf
-        new = self.tree.add_sibling(node_id, text)
+        change = Conversation(self.tree).edit(node_id, text)
+        (new,) = change.nodes
         if not self._save([new]):
             self._drop_unsaved(new, leaf)
             return
-        if new.role is Role.USER:
+        if change.reply is not None:
             self._start_reply(new)
         self._refresh_views()
 
@@ -664,12 +665,12 @@ class MainWindow(QMainWindow):
     def regenerate(self, node_id: int) -> None:
         if self._busy():
             return
-        node = self.tree.node(node_id)
-        parent = node.parent if node.role is Role.ASSISTANT else node.id
-        if parent is None:
+        try:
+            job = Conversation(self.tree).regenerate(node_id).reply
+        except TreeError:
             return
-        self.tree.set_active(parent)
-        self._start_reply(self.tree.node(parent))
+        assert job is not None
+        self._start_reply(self.tree.node(job.parent))
 
     def _last_reply(self) -> Node | None:
         """The active branch's last message if it is a reply."""
@@ -702,13 +703,10 @@ class MainWindow(QMainWindow):
         if self._streaming is not None and self._streaming.conversation_id == self.current:
             self._busy()
             return
-        root = self.tree.node(self.tree.root.id)
-        if root.text == text:
-            return
-        root.text = text
-        root.tokens = None
-        self._save([root])
-        self._refresh_views()
+        change = Conversation(self.tree).set_system(text)
+        if change.nodes:
+            self._save(list(change.nodes))
+            self._refresh_views()
 
     @Slot()
     def continue_last(self) -> None:
@@ -721,15 +719,15 @@ class MainWindow(QMainWindow):
         """More of an interrupted reply."""
         if self._busy():
             return
-        reply = self.tree.node(node_id)
-        if reply.role is not Role.ASSISTANT or reply.parent is None:
+        if self.tree.node(node_id).role is not Role.ASSISTANT:
             return
-        self.tree.set_active(reply.id)
-        self._start_reply(self.tree.node(reply.parent), resume=reply)
+        job = Conversation(self.tree).continue_reply(node_id).reply
+        assert job is not None and job.resume is not None
+        self._start_reply(self.tree.node(job.parent), resume=self.tree.node(job.resume))
 
     @Slot(int)
     def rewind(self, node_id: int) -> None:
-        self.tree.rewind(node_id)
+        Conversation(self.tree).rewind(node_id)
         self._save([])
         self._refresh_views()
         self.composer.setFocus()
@@ -737,7 +735,7 @@ class MainWindow(QMainWindow):
     @Slot(int, int)
     def switch_variant(self, node_id: int, variant: int) -> None:
         try:
-            self.tree.switch_variant(node_id, variant)
+            Conversation(self.tree).switch(node_id, variant)
         except TreeError:
             return
         self._save([])
@@ -749,7 +747,7 @@ class MainWindow(QMainWindow):
         """Tree panel click: that node's branch becomes active; the chat shows the node."""
         if node_id not in self.tree:
             return
-        self.tree.set_active(self.tree.follow_last_active(node_id))
+        Conversation(self.tree).activate(node_id)
         self._save([])
         self._refresh_views()
         self.chat.scroll_to_node(node_id)

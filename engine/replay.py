@@ -18,7 +18,7 @@ from engine.runtime import Runtime, RuntimeSettings
 from engine.scenario import Op, Scenario, ScenarioError, Step
 from engine.session import GenerationOptions, Session, StepReport
 from engine.store import Store, StoreSink
-from engine.tree import TreeError
+from engine.tree import Role, TreeError
 
 log = logging.getLogger(__name__)
 
@@ -68,6 +68,8 @@ def replay(
             )
             session.sink = StoreSink(conversations, conversation_id)
         steps = [_step_dict(run_step(session, step)) for step in scenario.steps]
+        if isinstance(session.sink, StoreSink):  # a fork moves on to a new conversation
+            conversation_id = session.sink.conversation_id
         return {
             "conversation_id": conversation_id,
             "model": model_report(runtime),
@@ -89,7 +91,8 @@ def run_step(session: Session, step: Step) -> StepReport:
                 assert step.text is not None
                 return session.send(step.text, options)
             case Op.REGENERATE:
-                return session.regenerate(options)
+                target = tree.message(step.message).id if step.message is not None else None
+                return session.regenerate(options, node_id=target)
             case Op.EDIT:
                 assert step.message is not None and step.text is not None
                 return session.edit(tree.message(step.message).id, step.text, options)
@@ -101,6 +104,29 @@ def run_step(session: Session, step: Step) -> StepReport:
                 return session.rewind(tree.message(step.message).id)
             case Op.WARM:
                 return session.warm()
+            case Op.CONTINUE:
+                leaf = tree.node(tree.active_leaf)
+                if leaf.role is Role.USER:
+                    return session.continue_reply(options)
+                return session.resume(leaf.id, options)
+            case Op.DELETE:
+                assert step.message is not None
+                return session.delete_branch(tree.message(step.message).id)
+            case Op.UNDO:
+                return session.undo()
+            case Op.FORK:
+                assert step.message is not None
+                return session.fork(tree.message(step.message).id)
+            case Op.SYSTEM:
+                assert step.text is not None
+                return session.set_system(step.text)
+            case Op.ACTIVATE:
+                assert step.message is not None and step.variant is not None
+                siblings = tree.siblings(tree.message(step.message).id)
+                if not 0 <= step.variant < len(siblings):
+                    raise TreeError(f"variant {step.variant} does not exist (the message has "
+                                    f"{len(siblings)} versions)")
+                return session.activate(siblings[step.variant])
             case Op.EXPORT:
                 assert step.path is not None
                 out = Path(step.path)

@@ -36,6 +36,12 @@ class Op(StrEnum):
     REWIND = "rewind"
     WARM = "warm"  # prepare the active branch, as the app does while the user reads
     EXPORT = "export"
+    CONTINUE = "continue"  # more of the active leaf's reply (or a reply to its user message)
+    DELETE = "delete"  # a message and its branch
+    UNDO = "undo"  # the last delete
+    FORK = "fork"  # a new conversation holding the path up to a message; later steps act on it
+    SYSTEM = "system"  # the conversation's system prompt
+    ACTIVATE = "activate"  # a version's branch, as a click in the tree panel does
 
 
 @dataclass(frozen=True)
@@ -67,12 +73,18 @@ class Scenario:
 
 _FIELDS: dict[Op, dict[str, type]] = {
     Op.SEND: {"text": str, "max_tokens": int},
-    Op.REGENERATE: {"max_tokens": int},
+    Op.REGENERATE: {"message": int, "max_tokens": int},  # any reply; default: the last
     Op.EDIT: {"message": int, "text": str, "max_tokens": int},
     Op.SWITCH: {"message": int, "variant": int},
     Op.REWIND: {"message": int},
     Op.WARM: {},
     Op.EXPORT: {"path": str},
+    Op.CONTINUE: {"max_tokens": int},
+    Op.DELETE: {"message": int},
+    Op.UNDO: {},
+    Op.FORK: {"message": int},
+    Op.SYSTEM: {"text": str},
+    Op.ACTIVATE: {"message": int, "variant": int},
 }
 _REQUIRED: dict[Op, set[str]] = {
     Op.SEND: {"text"},
@@ -82,6 +94,12 @@ _REQUIRED: dict[Op, set[str]] = {
     Op.REWIND: {"message"},
     Op.WARM: set(),
     Op.EXPORT: {"path"},
+    Op.CONTINUE: set(),
+    Op.DELETE: {"message"},
+    Op.UNDO: set(),
+    Op.FORK: {"message"},
+    Op.SYSTEM: {"text"},
+    Op.ACTIVATE: {"message", "variant"},
 }
 _TOP: dict[str, type | tuple[type, ...]] = {
     "model": str, "n_ctx": int, "n_batch": int, "seed": int, "sampling": dict,

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 from engine.checkpoints import DEFAULT_INTERVAL, CheckpointStore
+from engine.conversation import Change, Conversation
 from engine.errors import Cancelled
 from engine.generator import Generator
 from engine.params import SamplingParams
@@ -38,6 +39,9 @@ class Sink(Protocol):
 
     def streaming(self, node: Node) -> None:
         """A growing reply; may be throttled (the store saves it about once a second)."""
+
+    def forked(self, tree: Tree) -> Sink:
+        """Where a fork of the conversation (a new one, holding `tree`) is kept."""
 
 
 @dataclass(frozen=True)
@@ -90,7 +94,7 @@ class Session:
     ) -> None:
         self.runtime = runtime
         self.sink = sink
-        self.tree = tree if tree is not None else Tree(system)
+        self.conversation = Conversation(tree if tree is not None else Tree(system))
         self.seed = seed
         self.use_cache = use_cache
         self.generations = 0
@@ -104,6 +108,10 @@ class Session:
         )
 
     @property
+    def tree(self) -> Tree:
+        return self.conversation.tree
+
+    @property
     def checkpoints(self) -> CheckpointStore | None:
         return self.generator.checkpoints
 
@@ -111,42 +119,30 @@ class Session:
     def checkpoints(self, store: CheckpointStore | None) -> None:
         self.generator.checkpoints = store if self.use_cache else None
 
-    # --- operations --------------------------------------------------------------------
+    # --- operations (the tree's half is engine.conversation, shared by every front end) -----
 
     def send(self, text: str, options: GenerationOptions | None = None) -> StepReport:
         """Add a user message at the active leaf and generate its reply."""
-        message = self.tree.add_child(self.tree.active_leaf, Role.USER, text)
-        self._keep([message])
-        return self._reply("send", options or GenerationOptions())
+        return self._apply("send", self.conversation.send(text), options)
 
-    def regenerate(self, options: GenerationOptions | None = None) -> StepReport:
-        """A new reply to the last user message on the active path; the old one is kept."""
-        path = self.tree.active_path()
-        last = path[-1]
-        if last.role is Role.ASSISTANT:
-            assert last.parent is not None
-            self.tree.set_active(last.parent)
-            self._keep([])
-        elif last.role is not Role.USER:
-            raise TreeError("there is no message to regenerate a reply to")
-        return self._reply("regenerate", options or GenerationOptions())
+    def regenerate(
+        self, options: GenerationOptions | None = None, *, node_id: int | None = None
+    ) -> StepReport:
+        """A new version of a reply (None: the active path's last one); the old is kept."""
+        return self._apply("regenerate", self.conversation.regenerate(node_id), options)
 
     def edit(self, node_id: int, text: str, options: GenerationOptions | None = None) -> StepReport:
         """A new version of a message. A user message gets a new reply; an assistant
         message just takes the given text. The old version stays as a sibling."""
-        node = self.tree.node(node_id)
-        if node.role is Role.SYSTEM:
-            raise TreeError("the system prompt is not a message; it cannot be edited here")
-        new = self.tree.add_sibling(node_id, text)
-        self._keep([new])
-        if new.role is Role.USER:
-            return self._reply("edit", options or GenerationOptions())
-        return StepReport(op="edit", node_id=new.id, text=text)
+        change = self.conversation.edit(node_id, text)
+        report = self._apply("edit", change, options)
+        return report if change.reply is not None else replace(report, text=text)
 
     def switch(self, node_id: int, variant: int) -> StepReport:
-        leaf = self.tree.switch_variant(node_id, variant)
-        self._keep([])
-        return StepReport(op="switch", node_id=leaf)
+        return self._apply("switch", self.conversation.switch(node_id, variant))
+
+    def activate(self, node_id: int) -> StepReport:
+        return self._apply("activate", self.conversation.activate(node_id))
 
     def warm(self) -> StepReport:
         """What the app does while the user reads: prepare the active branch, so the next
@@ -165,32 +161,62 @@ class Session:
         )
 
     def rewind(self, node_id: int) -> StepReport:
-        self.tree.rewind(node_id)
-        self._keep([])
-        return StepReport(op="rewind", node_id=node_id)
+        return self._apply("rewind", self.conversation.rewind(node_id), node_id=node_id)
 
     def delete_branch(self, node_id: int) -> StepReport:
-        removed = self.tree.delete_branch(node_id)
-        self._keep([], deleted=removed)
-        self.generator.forget(removed)
-        return StepReport(op="delete", node_id=self.tree.active_leaf)
+        change = self.conversation.delete_branch(node_id)
+        report = self._apply("delete", change)
+        self.generator.forget(change.deleted)
+        return report
+
+    def undo(self) -> StepReport:
+        """Bring back the last deleted branch."""
+        return self._apply("undo", self.conversation.undo())
+
+    def set_system(self, text: str) -> StepReport:
+        return self._apply("system", self.conversation.set_system(text), text=text)
+
+    def fork(self, node_id: int) -> StepReport:
+        """Go on in a new conversation holding the path to `node_id` (the sink, if it can,
+        keeps it as a new conversation)."""
+        tree = self.conversation.fork(node_id)
+        self.conversation = Conversation(tree)
+        if self.sink is not None:
+            self.sink = self.sink.forked(tree)
+        return StepReport(op="fork", node_id=tree.active_leaf)
 
     def continue_reply(self, options: GenerationOptions | None = None) -> StepReport:
         """Generate a reply to the active leaf if it is a user message (after a rewind)."""
         if self.tree.node(self.tree.active_leaf).role is not Role.USER:
             raise TreeError("the active message is not a user message")
-        return self._reply("reply", options or GenerationOptions())
-
-    # --- the work ----------------------------------------------------------------------
+        return self._apply("reply", self.conversation.continue_reply(), options)
 
     def resume(self, node_id: int, options: GenerationOptions | None = None) -> StepReport:
         """Continue an assistant reply where it stopped (an interrupted one, typically)."""
-        node = self.tree.node(node_id)
-        if node.role is not Role.ASSISTANT or node.parent is None:
+        if self.tree.node(node_id).role is not Role.ASSISTANT:
             raise TreeError("only an assistant reply can be continued")
-        self.tree.set_active(node.id)
-        self._keep([])
-        return self._reply("continue", options or GenerationOptions(), resume=node)
+        return self._apply("continue", self.conversation.continue_reply(node_id), options)
+
+    # --- the work ----------------------------------------------------------------------
+
+    def _apply(
+        self,
+        op: str,
+        change: Change,
+        options: GenerationOptions | None = None,
+        *,
+        node_id: int | None = None,
+        text: str | None = None,
+    ) -> StepReport:
+        """Persist a change, then run its reply job, if any."""
+        self._keep(list(change.nodes), deleted=change.deleted)
+        job = change.reply
+        if job is None:
+            changed = change.nodes[-1].id if change.nodes else None
+            return StepReport(op=op, node_id=node_id if node_id is not None else (
+                changed if changed is not None else self.tree.active_leaf), text=text)
+        resume = self.tree.node(job.resume) if job.resume is not None else None
+        return self._reply(op, options or GenerationOptions(), resume=resume)
 
     def _reply(
         self, op: str, options: GenerationOptions, *, resume: Node | None = None

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engine.conversation import Conversation
 from engine.errors import ArborError
 from engine.paths import data_dirs
 from engine.records import ConversationRecord, from_tree, to_tree
@@ -394,15 +395,11 @@ class Store:
 
     def fork(self, conversation_id: int, node_id: int, *, title: str | None = None) -> int:
         """A new conversation holding the path from the root to `node_id`."""
-        source = self.load(conversation_id)
-        path = source.path_to(node_id)
-        tree = Tree(path[0].text)
-        tree.root.tokens = path[0].tokens
-        for node in path[1:]:
-            copy = tree.add_child(tree.active_leaf, node.role, node.text, status=node.status)
-            copy.tokens, copy.created, copy.meta = node.tokens, node.created, dict(node.meta)
-        info = self._info(conversation_id)
-        return self.create(tree, title=title or f"{info.title} (fork)")
+        tree = Conversation(self.load(conversation_id)).fork(node_id)
+        return self.create(tree, title=title or self.fork_title(conversation_id))
+
+    def fork_title(self, conversation_id: int) -> str:
+        return f"{self._info(conversation_id).title} (fork)"
 
     def search(self, query: str, *, limit: int = 50) -> builtins.list[SearchHit]:
         """Full-text search over message text (FTS5), deleted conversations excluded."""
@@ -529,6 +526,11 @@ class StoreSink:
     def action(self, tree: Tree, nodes: Sequence[Node], deleted: Sequence[int] = ()) -> None:
         self.store.save(self.conversation_id, tree, nodes, deleted=deleted)
         self._last = time.monotonic()
+
+    def forked(self, tree: Tree) -> StoreSink:
+        """A fork is a new conversation in the same store."""
+        cid = self.store.create(tree, title=self.store.fork_title(self.conversation_id))
+        return StoreSink(self.store, cid, interval_s=self.interval_s)
 
     def streaming(self, node: Node) -> None:
         now = time.monotonic()

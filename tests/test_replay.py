@@ -189,3 +189,49 @@ def test_replay_export_step_writes_the_whole_tree(
     texts = [s["text"] for s in report["steps"][:7]]
     assert texts[6] in [n.text for n in tree.messages()]
     assert all(n.tokens for n in tree.nodes() if n.role.value == "assistant")
+
+
+EVERY_OP: list[dict[str, Any]] = [
+    {"op": "system", "text": "You are a careful botanist."},
+    {"op": "send", "text": "Tell me about the oak tree.", "max_tokens": 10},
+    {"op": "send", "text": "How deep do its roots grow?", "max_tokens": 10},
+    {"op": "send", "text": "And how old can it get?", "max_tokens": 10},
+    {"op": "regenerate", "message": 1, "max_tokens": 10},  # an earlier reply, not the last
+    {"op": "activate", "message": 1, "variant": 0},  # back to the first version's branch
+    {"op": "delete", "message": 4},
+    {"op": "undo"},
+    {"op": "send", "text": "Thank you.", "max_tokens": 6},
+    {"op": "rewind", "message": 2},
+    {"op": "continue", "max_tokens": 8},  # the rewound-to user message gets a reply
+    {"op": "continue", "max_tokens": 6},  # and more of that reply
+    {"op": "fork", "message": 3},
+    {"op": "send", "text": "In the fork: and the ash tree?", "max_tokens": 10},
+]
+
+
+@pytest.mark.parametrize("kind", ALL_KINDS, ids=lambda k: k.value)
+def test_every_operation_replays_and_equals_a_full_reprocess(
+    kind: MemoryKind, tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    data = {"model": str(tiny_models[kind.value]), "n_ctx": 2048, "n_batch": 32, "seed": 5,
+            "sampling": {"temperature": 0.7}, "steps": EVERY_OP}
+    scenario = parse_scenario(data)
+    cached = replay(scenario, cache=CacheMode.CHECKPOINTS, db=tmp_path / "c.db")
+    reference = replay(scenario, cache=CacheMode.NONE, db=tmp_path / "n.db")
+    assert _texts(cached) == _texts(reference)
+    ops = [step["op"] for step in cached["steps"]]
+    assert ops[4] == "regenerate" and cached["steps"][4]["text"]
+    assert ops[11] == "continue" and cached["steps"][11]["generated_tokens"] is not None
+    _check_accounting(cached)
+    from engine.store import Store
+
+    with Store(tmp_path / "c.db") as store:
+        titles = [c.title for c in store.list()]
+        assert len(titles) == 2 and any(t.endswith("(fork)") for t in titles)
+        fork = store.load(cached["conversation_id"])
+        assert [n.text for n in fork.messages()][-2] == "In the fork: and the ash tree?"
+        assert fork.root.text == "You are a careful botanist."
+        original = next(c.id for c in store.list() if not c.title.endswith("(fork)"))
+        tree = store.load(original)
+        # The deleted branch came back: the third message and its reply are there again.
+        assert "And how old can it get?" in [n.text for n in tree.nodes()]

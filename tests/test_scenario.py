@@ -53,6 +53,11 @@ def test_a_valid_scenario_parses_with_defaults() -> None:
         (_scenario({"op": "send", "text": "a", "max_tokens": 0}), "`max_tokens` must be at least"),
         (_scenario({"op": "send", "text": "a"}, n_ctx=4), "n_ctx must be at least 16"),
         (_scenario({"op": "send", "text": "a"}, sampling={"temp": 1}), "unknown field `temp`"),
+        (_scenario({"op": "delete"}), "step 0 (delete): missing field `message`"),
+        (_scenario({"op": "fork", "message": -1}), "step 0 (fork): `message` must be 0 or more"),
+        (_scenario({"op": "system"}), "step 0 (system): missing field `text`"),
+        (_scenario({"op": "undo", "message": 1}), "step 0 (undo): unknown field `message`"),
+        (_scenario({"op": "activate", "message": 0}), "missing field `variant`"),
     ],
 )
 def test_invalid_scenarios_name_the_step_and_the_problem(data: object, message: str) -> None:

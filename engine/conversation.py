@@ -1,0 +1,143 @@
+"""Every operation a user applies to a conversation, once, without Qt and without a model.
+
+`Conversation` wraps one tree. Each operation changes the tree and returns a `Change`: the
+nodes to persist, the ids deleted, and, where the model must answer, a `ReplyJob` saying what
+to answer. Running the job (prepare, generate, finish) is the engine's business
+(`engine.session.Session` on one thread; the window hands it to its engine thread). Undo of a
+deleted branch lives here too, so every front end undoes the same way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from engine.tree import Node, Role, Tree, TreeError
+
+
+@dataclass(frozen=True)
+class ReplyJob:
+    """The model must answer `parent` (a user message): a new reply, or more of `resume`."""
+
+    parent: int
+    resume: int | None = None
+
+
+@dataclass(frozen=True)
+class Change:
+    nodes: tuple[Node, ...] = ()  # to persist (new or changed)
+    deleted: tuple[int, ...] = ()
+    reply: ReplyJob | None = None
+
+
+@dataclass
+class _DeletedBranch:
+    nodes: list[Node]
+    position: int  # among its parent's children
+    leaf: int  # the active leaf before the delete
+
+
+@dataclass
+class Conversation:
+    tree: Tree
+    _undo: list[_DeletedBranch] = field(default_factory=list)
+
+    # --- messages -------------------------------------------------------------------------
+
+    def send(self, text: str) -> Change:
+        """A user message at the active leaf, to be answered."""
+        message = self.tree.add_child(self.tree.active_leaf, Role.USER, text)
+        return Change(nodes=(message,), reply=ReplyJob(message.id))
+
+    def edit(self, node_id: int, text: str) -> Change:
+        """A new version of a message beside the old one. A user message gets a reply; an
+        assistant message just takes the text."""
+        if self.tree.node(node_id).role is Role.SYSTEM:
+            raise TreeError("the system prompt is not a message; set it with `system`")
+        new = self.tree.add_sibling(node_id, text)
+        return Change(nodes=(new,), reply=ReplyJob(new.id) if new.role is Role.USER else None)
+
+    def regenerate(self, node_id: int | None = None) -> Change:
+        """A new version of any reply (or a reply to a user message); None: the active
+        path's last message. The old versions stay."""
+        node = self.tree.node(self.tree.active_leaf if node_id is None else node_id)
+        parent = node.parent if node.role is Role.ASSISTANT else node.id
+        if node.role is Role.SYSTEM or parent is None:
+            raise TreeError("there is no message to regenerate a reply to")
+        if self.tree.node(parent).role is not Role.USER:
+            raise TreeError("only a reply to a user message can be regenerated")
+        self.tree.set_active(parent)
+        return Change(reply=ReplyJob(parent))
+
+    def continue_reply(self, node_id: int | None = None) -> Change:
+        """More of a reply (an interrupted one, typically); None: the active leaf. A user
+        message at the active leaf (after a rewind) gets its first reply."""
+        node = self.tree.node(self.tree.active_leaf if node_id is None else node_id)
+        if node.role is Role.USER:
+            self.tree.set_active(node.id)
+            return Change(reply=ReplyJob(node.id))
+        if node.role is not Role.ASSISTANT or node.parent is None:
+            raise TreeError("only a reply can be continued")
+        self.tree.set_active(node.id)
+        return Change(reply=ReplyJob(node.parent, resume=node.id))
+
+    def set_system(self, text: str) -> Change:
+        """The conversation's system prompt. The root is rendered again for the next reply;
+        later messages keep their tokens (DESIGN.md, "Tokens belong to nodes")."""
+        root = self.tree.root
+        if root.text == text:
+            return Change()
+        root.text = text
+        root.tokens = None
+        return Change(nodes=(root,))
+
+    # --- navigation -------------------------------------------------------------------------
+
+    def rewind(self, node_id: int) -> Change:
+        self.tree.rewind(node_id)
+        return Change()
+
+    def switch(self, node_id: int, variant: int) -> Change:
+        self.tree.switch_variant(node_id, variant)
+        return Change()
+
+    def activate(self, node_id: int) -> Change:
+        """As a click in the tree panel: the node's branch, followed to its last-active leaf."""
+        self.tree.set_active(self.tree.follow_last_active(node_id))
+        return Change()
+
+    # --- structure --------------------------------------------------------------------------
+
+    def delete_branch(self, node_id: int) -> Change:
+        """Remove a message and everything after it; `undo` brings it back."""
+        node = self.tree.node(node_id)
+        if node.parent is None:
+            raise TreeError("the system prompt cannot be deleted")
+        position = self.tree.node(node.parent).children.index(node_id)
+        leaf = self.tree.active_leaf
+        kept = [self.tree.node(i) for i in self.tree.subtree(node_id)]
+        removed = self.tree.delete_branch(node_id)
+        self._undo.append(_DeletedBranch(kept, position, leaf))
+        return Change(deleted=tuple(removed))
+
+    @property
+    def can_undo(self) -> bool:
+        return bool(self._undo)
+
+    def undo(self) -> Change:
+        """Put the last deleted branch back: same ids, same place, same active leaf."""
+        if not self._undo:
+            raise TreeError("there is nothing to undo")
+        branch = self._undo.pop()
+        self.tree.reinsert(branch.nodes, branch.position, active_leaf=branch.leaf)
+        return Change(nodes=tuple(branch.nodes))
+
+    def fork(self, node_id: int) -> Tree:
+        """A new conversation holding the path from the root to `node_id`, tokens and all
+        (so its prefix, and the checkpoints of it, are the same)."""
+        path = self.tree.path_to(node_id)
+        tree = Tree(path[0].text)
+        tree.root.tokens = path[0].tokens
+        for node in path[1:]:
+            copy = tree.add_child(tree.active_leaf, node.role, node.text, status=node.status)
+            copy.tokens, copy.created, copy.meta = node.tokens, node.created, dict(node.meta)
+        return tree
