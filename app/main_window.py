@@ -127,7 +127,7 @@ class MainWindow(QMainWindow):
         self.resize(1200, 800)
         self.store = store or Store()
         self._model_path = model_path
-        self.trees: dict[int, Tree] = {}
+        self.conversations: dict[int, Conversation] = {}  # the open ones, by id
         self.current: int | None = None
         self._streaming: _Streaming | None = None
         self._request_ids = itertools.count(1)
@@ -511,9 +511,13 @@ class MainWindow(QMainWindow):
     # --- conversations -----------------------------------------------------------------------
 
     @property
-    def tree(self) -> Tree:
+    def conversation(self) -> Conversation:
         assert self.current is not None
-        return self.trees[self.current]
+        return self.conversations[self.current]
+
+    @property
+    def tree(self) -> Tree:
+        return self.conversation.tree
 
     def _refresh_sidebar(self, query: str = "") -> None:
         hits = self.store.search(query) if query.strip() else None
@@ -529,7 +533,7 @@ class MainWindow(QMainWindow):
         cid = self._fetch(lambda: self.store.create(tree, title="New conversation"))
         if cid is None:
             return
-        self.trees[cid] = tree
+        self.conversations[cid] = Conversation(tree)
         self.current = cid
         self._refresh_sidebar()
         self._refresh_views()
@@ -537,11 +541,11 @@ class MainWindow(QMainWindow):
 
     @Slot(int)
     def open_conversation(self, conversation_id: int) -> None:
-        if conversation_id not in self.trees:
+        if conversation_id not in self.conversations:
             tree = self._fetch(lambda: self.store.load(conversation_id))
             if tree is None:
                 return
-            self.trees[conversation_id] = tree
+            self.conversations[conversation_id] = Conversation(tree)
         self.current = conversation_id
         self._refresh_sidebar(self.sidebar.search.text())
         self._refresh_views()
@@ -610,7 +614,7 @@ class MainWindow(QMainWindow):
             self.open_conversation(conversation_id)
 
         self._push_undo("Conversation deleted", undo)
-        self.trees.pop(conversation_id, None)
+        self.conversations.pop(conversation_id, None)
         remaining = self.store.list()
         if remaining:
             self.open_conversation(remaining[0].id)
@@ -764,24 +768,18 @@ class MainWindow(QMainWindow):
     def delete_branch(self, node_id: int) -> None:
         if self._streaming is not None and self._streaming.conversation_id == self.current:
             return  # never delete under a streaming reply
-        tree = self.tree
-        node = tree.node(node_id)
-        if node.parent is None:
+        if self.tree.node(node_id).parent is None:
             return
-        position = tree.node(node.parent).children.index(node_id)
-        leaf = tree.active_leaf
-        removed_ids = tree.subtree(node_id)
-        removed = [tree.node(i) for i in removed_ids]
-        tree.delete_branch(node_id)
-        self._save([], deleted=removed_ids)
-        assert self.current is not None
-        cid = self.current
-        self.request_forget.emit(tuple(global_id(cid, i) for i in removed_ids))
+        change = self.conversation.delete_branch(node_id)
+        self._save([], deleted=change.deleted)
+        assert self.current is not None and change.undo is not None
+        cid, branch = self.current, change.undo
+        self.request_forget.emit(tuple(global_id(cid, i) for i in change.deleted))
 
         def undo() -> None:
-            target = self.trees[cid]
-            target.reinsert(removed, position, active_leaf=leaf)
-            self.store.save(cid, target, removed)
+            self.open_conversation(cid)  # loaded again if it was closed since
+            restored = self.conversations[cid].restore(branch)
+            self.store.save(cid, self.conversations[cid].tree, list(restored.nodes))
             self.open_conversation(cid)
 
         self._push_undo("Branch deleted", undo)
@@ -835,7 +833,7 @@ class MainWindow(QMainWindow):
         self._warm_timer.stop()
         self._warmed_path = None
         self.worker.preempt()  # a warm-up in flight stops within a chunk
-        seed = self.settings.seed
+        seed = self.conversations[cid].reply_seed(self.settings.seed)
         self.request_generate.emit(
             GenerateRequest(
                 request_id=request_id,
@@ -844,7 +842,7 @@ class MainWindow(QMainWindow):
                 path=tuple(_global_view(cid, n) for n in path),
                 resume=_global_view(cid, resume) if resume is not None else None,
                 max_tokens=self.settings.max_tokens,
-                seed=seed if seed is not None else int(time.time_ns() & 0x7FFFFFFF),
+                seed=seed,
             )
         )
         self._prepare_started = time.monotonic()
@@ -882,7 +880,7 @@ class MainWindow(QMainWindow):
         streaming = self._answering(piece.request_id)
         if streaming is None:
             return
-        tree = self.trees.get(piece.conversation_id)
+        tree = self._tree_of(piece.conversation_id)
         if tree is None or piece.reply_id not in tree:
             return
         node = tree.node(piece.reply_id)
@@ -906,7 +904,7 @@ class MainWindow(QMainWindow):
         if self._answering(done.request_id) is None:
             return
         self.last_reply = done  # the figures of the last step (the status bar shows them)
-        tree = self.trees.get(done.conversation_id)
+        tree = self._tree_of(done.conversation_id)
         if tree is not None:
             changed: list[Node] = []
             for key, tokens in done.node_tokens:
@@ -937,7 +935,7 @@ class MainWindow(QMainWindow):
     def _on_failed(self, failed: Failed) -> None:
         if self._answering(failed.request_id) is None:
             return
-        tree = self.trees.get(failed.conversation_id)
+        tree = self._tree_of(failed.conversation_id)
         if tree is not None and failed.reply_id in tree:
             reply = tree.node(failed.reply_id)
             if not reply.text:
@@ -1032,7 +1030,7 @@ class MainWindow(QMainWindow):
         pending, self._pending_edit = self._pending_edit, None
         if pending is not None:
             cid, node_id, text = pending
-            if cid in self.trees and node_id in self.trees[cid]:
+            if cid in self.conversations and node_id in self.conversations[cid].tree:
                 self.open_conversation(cid)
                 self.edit(node_id, text)
                 return
@@ -1040,11 +1038,16 @@ class MainWindow(QMainWindow):
 
     # --- helpers -------------------------------------------------------------------------------
 
+    def _tree_of(self, conversation_id: int) -> Tree | None:
+        """The tree of an open conversation, if it is open."""
+        conversation = self.conversations.get(conversation_id)
+        return conversation.tree if conversation is not None else None
+
     def _save(self, nodes: list[Node], *, deleted: list[int] | tuple[int, ...] = (),
               conversation_id: int | None = None) -> bool:
         cid = conversation_id if conversation_id is not None else self.current
         assert cid is not None
-        tree = self.trees[cid]
+        tree = self.conversations[cid].tree
         return self._attempt(lambda: self.store.save(cid, tree, nodes, deleted=deleted))
 
     def _drop_unsaved(self, node: Node, leaf: int) -> None:
@@ -1074,7 +1077,7 @@ class MainWindow(QMainWindow):
             return None
 
     def _refresh_views(self) -> None:
-        if self.current is None or self.current not in self.trees:
+        if self.current is None or self.current not in self.conversations:
             return
         tree = self.tree
         marks = self._checkpoint_nodes.get(self.current, {})
@@ -1203,7 +1206,7 @@ class MainWindow(QMainWindow):
         self._warm_timer.stop()
         streaming = self._streaming
         if streaming is not None:
-            tree = self.trees.get(streaming.conversation_id)
+            tree = self._tree_of(streaming.conversation_id)
             if tree is not None and streaming.reply_id in tree:
                 reply = tree.node(streaming.reply_id)
                 reply.status = NodeStatus.INTERRUPTED

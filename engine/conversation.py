@@ -9,6 +9,7 @@ deleted branch lives here too, so every front end undoes the same way.
 
 from __future__ import annotations
 
+import secrets
 from dataclasses import dataclass, field
 
 from engine.tree import Node, Role, Tree, TreeError
@@ -23,23 +24,36 @@ class ReplyJob:
 
 
 @dataclass(frozen=True)
+class DeletedBranch:
+    """What `undo` needs to put a deleted branch back."""
+
+    nodes: tuple[Node, ...]  # the branch's top first, parents before children
+    position: int  # among its parent's children
+    leaf: int  # the active leaf before the delete
+
+
+@dataclass(frozen=True)
 class Change:
     nodes: tuple[Node, ...] = ()  # to persist (new or changed)
     deleted: tuple[int, ...] = ()
     reply: ReplyJob | None = None
-
-
-@dataclass
-class _DeletedBranch:
-    nodes: list[Node]
-    position: int  # among its parent's children
-    leaf: int  # the active leaf before the delete
+    undo: DeletedBranch | None = None  # a delete: how to take it back
 
 
 @dataclass
 class Conversation:
     tree: Tree
-    _undo: list[_DeletedBranch] = field(default_factory=list)
+    _undo: list[DeletedBranch] = field(default_factory=list)
+    replies: int = 0  # reply jobs seeded so far (see reply_seed)
+
+    def reply_seed(self, base: int | None) -> int:
+        """The sampling seed of the next reply job. With a base seed the n-th reply of this
+        conversation gets base + n: reproducible, and a regenerate still differs. Without one,
+        a fresh seed each time. Every front end seeds through here."""
+        ordinal, self.replies = self.replies, self.replies + 1
+        if base is None:
+            return secrets.randbelow(0x7FFFFFFF)
+        return (base + ordinal) & 0x7FFFFFFF
 
     # --- messages -------------------------------------------------------------------------
 
@@ -114,10 +128,11 @@ class Conversation:
             raise TreeError("the system prompt cannot be deleted")
         position = self.tree.node(node.parent).children.index(node_id)
         leaf = self.tree.active_leaf
-        kept = [self.tree.node(i) for i in self.tree.subtree(node_id)]
+        kept = tuple(self.tree.node(i) for i in self.tree.subtree(node_id))
         removed = self.tree.delete_branch(node_id)
-        self._undo.append(_DeletedBranch(kept, position, leaf))
-        return Change(deleted=tuple(removed))
+        branch = DeletedBranch(kept, position, leaf)
+        self._undo.append(branch)
+        return Change(deleted=tuple(removed), undo=branch)
 
     @property
     def can_undo(self) -> bool:
@@ -127,9 +142,15 @@ class Conversation:
         """Put the last deleted branch back: same ids, same place, same active leaf."""
         if not self._undo:
             raise TreeError("there is nothing to undo")
-        branch = self._undo.pop()
-        self.tree.reinsert(branch.nodes, branch.position, active_leaf=branch.leaf)
-        return Change(nodes=tuple(branch.nodes))
+        return self.restore(self._undo[-1])
+
+    def restore(self, branch: DeletedBranch) -> Change:
+        """Put a deleted branch back (a front end with an undo stack of its own calls this
+        with the `Change.undo` of the delete)."""
+        self.tree.reinsert(list(branch.nodes), branch.position, active_leaf=branch.leaf)
+        if branch in self._undo:
+            self._undo.remove(branch)
+        return Change(nodes=branch.nodes)
 
     def fork(self, node_id: int) -> Tree:
         """A new conversation holding the path from the root to `node_id`, tokens and all

@@ -97,7 +97,6 @@ class Session:
         self.conversation = Conversation(tree if tree is not None else Tree(system))
         self.seed = seed
         self.use_cache = use_cache
-        self.generations = 0
         self.generator = Generator(
             runtime,
             sampling=sampling,
@@ -226,12 +225,17 @@ class Session:
         path = self.tree.active_path() if resume is None else self.tree.path_to(
             resume.parent if resume.parent is not None else resume.id
         )
+        untokenized = [node for node in path if node.tokens is None]
         prepared = self.generator.prepare(
             path, resume=resume, on_progress=options.on_progress, cancel=options.cancel
         )
+        # The tokens a node got now are the ones it keeps (its prefix must never change):
+        # saved with the reply, as the window saves them.
+        rendered = [node for node in untokenized if node.tokens is not None]
         before, base_text = list(prepared.before), prepared.base_text
-        seed = options.seed if options.seed is not None else self.seed + self.generations
-        self.generations += 1
+        seed = self.conversation.reply_seed(self.seed)
+        if options.seed is not None:
+            seed = options.seed
         if resume is None:
             reply = self.tree.add_child(path[-1].id, Role.ASSISTANT, "",
                                         status=NodeStatus.STREAMING)
@@ -240,7 +244,7 @@ class Session:
             reply.status = NodeStatus.STREAMING
         produced: list[int] = list(before)
 
-        self._keep([reply])
+        self._keep([*rendered, reply])
 
         def on_token(token: int, piece: str) -> None:
             produced.append(token)

@@ -95,9 +95,11 @@ def test_a_context_setting_reloads_the_model_says_so_and_is_saved(
     assert window.last_reply is not None and window.last_reply.source != "checkpoint"
 
 
-def test_sampling_settings_apply_without_a_reload_and_a_fixed_seed_repeats_a_reply(
+def test_sampling_settings_apply_without_a_reload_and_a_fixed_seed_repeats_a_conversation(
     qtbot: QtBot, window: MainWindow
 ) -> None:
+    """With a fixed seed the n-th reply of a conversation gets seed + n (the core's rule,
+    as in replay): the same operations give the same replies, and a regenerate differs."""
     with qtbot.assertNotEmitted(window.model_ready, wait=200):
         assert window.apply_settings(
             replace(window.settings, temperature=1.2, seed=1234, max_tokens=12)
@@ -107,8 +109,12 @@ def test_sampling_settings_apply_without_a_reload_and_a_fixed_seed_repeats_a_rep
     window.regenerate(first.id)
     qtbot.waitUntil(lambda: window._streaming is None, timeout=TIMEOUT)
     second = window.tree.node(window.tree.active_leaf)
-    assert second.id != first.id and second.text == first.text
+    assert second.id != first.id and second.tokens != first.tokens
     assert len(second.tokens or ()) <= len(first.tokens or ()) + 1  # at most 12 generated
+    window.new_conversation()
+    send(qtbot, window, "Say something")
+    again = window.tree.node(window.tree.active_leaf)
+    assert again.text == first.text  # the first reply of a conversation: seed 1234 + 0
 
 
 def test_the_settings_dialog_says_what_a_change_costs(qtbot: QtBot) -> None:
@@ -215,7 +221,8 @@ def test_a_reply_streams_into_its_own_conversation_while_another_is_open(
     window.stop()
     qtbot.waitUntil(lambda: window._streaming is None, timeout=TIMEOUT)
     assert window.current == second and window.chat.model().rowCount() == 0
-    reply = window.trees[first].node(window.trees[first].active_leaf)
+    tree = window.conversations[first].tree
+    reply = tree.node(tree.active_leaf)
     assert reply.role is Role.ASSISTANT and reply.text
     assert window.store.load(first).node(reply.id).text == reply.text
     marked = [window.sidebar.list.item(i).text() for i in range(window.sidebar.list.count())]
@@ -353,7 +360,7 @@ def test_a_store_error_anywhere_leaves_the_window_consistent_with_one_message(
     window.new_conversation()
     second = window.current
     assert second is not None and second != first
-    window.trees.pop(first)  # not loaded yet in this window: opening it reads the store
+    window.conversations.pop(first)  # not loaded yet in this window: opening it reads the store
     shown: list[str] = []
     monkeypatch.setattr("app.main_window.QMessageBox.warning",
                         lambda _parent, _title, text: shown.append(text))
@@ -364,7 +371,7 @@ def test_a_store_error_anywhere_leaves_the_window_consistent_with_one_message(
         raise StoreWriteError("could not save the conversation: the disk is full")
 
     monkeypatch.setattr(Store, failing, broken)
-    before = (window.current, dict(window.trees))
+    before = (window.current, dict(window.conversations))
     if failing == "create":
         window.new_conversation()
     elif failing == "load":
@@ -379,8 +386,8 @@ def test_a_store_error_anywhere_leaves_the_window_consistent_with_one_message(
         window.composer.setPlainText("Not saved")
         qtbot.keyClick(window.composer, Qt.Key.Key_Return)
     assert shown == ["could not save the conversation: the disk is full"]
-    assert (window.current, dict(window.trees)) == before
-    assert all(isinstance(tree, type(window.tree)) for tree in window.trees.values())
+    assert (window.current, dict(window.conversations)) == before
+    assert all(isinstance(c.tree, type(window.tree)) for c in window.conversations.values())
     monkeypatch.undo()  # the store works again: the window goes on as if nothing happened
     window.open_conversation(first)
     assert window.current == first and window.tree.messages()[0].text == "Hello there."
