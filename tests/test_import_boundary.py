@@ -14,6 +14,13 @@ import engine
 ROOT = Path(__file__).resolve().parents[1]
 
 
+def _python(code: str) -> subprocess.CompletedProcess[str]:
+    """Run `code` in a fresh interpreter (a clean sys.modules) from the repository root."""
+    return subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
+    )
+
+
 def test_importing_every_engine_module_loads_no_qt_and_no_app() -> None:
     modules = sorted(m.name for m in pkgutil.walk_packages(engine.__path__, "engine."))
     assert "engine.runtime" in modules and "engine.cli" in modules  # the walk found them
@@ -26,18 +33,14 @@ def test_importing_every_engine_module_loads_no_qt_and_no_app() -> None:
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in roots)\n"
         "print(','.join(bad))\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
-    )
+    result = _python(code)
     assert result.stdout.strip() == "", f"engine imported: {result.stdout.strip()}"
 
 
 def test_the_check_would_notice_a_qt_import() -> None:
     """Guard against a check that cannot fail: importing app does pull in PySide6."""
     code = "import sys, app.worker; print('PySide6' in sys.modules)"
-    result = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
-    )
+    result = _python(code)
     assert result.stdout.strip() == "True"
 
 
@@ -77,13 +80,9 @@ def test_modules_that_run_no_model_do_not_load_the_native_library() -> None:
         "        print(name)\n"
         "        break\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True
-    )
+    result = _python(code)
     assert result.stdout.strip() == "", f"{result.stdout.strip()} loaded llama_cpp"
     # The check can fail: the runtime does load it.
     probe = "import sys, engine.runtime; print('llama_cpp' in sys.modules)"
-    result = subprocess.run(
-        [sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, check=True
-    )
+    result = _python(probe)
     assert result.stdout.strip() == "True"
