@@ -906,12 +906,7 @@ class MainWindow(QMainWindow):
         self.last_reply = done  # the figures of the last step (the status bar shows them)
         tree = self._tree_of(done.conversation_id)
         if tree is not None:
-            changed: list[Node] = []
-            for key, tokens in done.node_tokens:
-                _, nid = split_id(key)
-                if nid in tree and tree.node(nid).tokens is None:
-                    tree.node(nid).tokens = tokens
-                    changed.append(tree.node(nid))
+            changed = _adopt_tokens(tree, done.node_tokens)
             reply = tree.node(done.reply_id)
             reply.text = done.text
             reply.tokens = done.tokens
@@ -1010,6 +1005,14 @@ class MainWindow(QMainWindow):
 
     @Slot(object)
     def _on_warmed(self, warmed: Warmed) -> None:
+        tree = self._tree_of(warmed.conversation_id)
+        if tree is not None:
+            # What the warm-up rendered is what those nodes keep: the request that follows
+            # finds them rendered (a template with the date in it cannot move them).
+            adopted = _adopt_tokens(tree, warmed.node_tokens)
+            if adopted and not self._save(adopted, conversation_id=warmed.conversation_id):
+                for node in adopted:
+                    node.tokens = None
         # On the line above the composer, not the status bar: that keeps the last step's
         # figures. The next request's plan replaces it.
         if (self._streaming is None and self.progress.isHidden()
@@ -1221,6 +1224,17 @@ class MainWindow(QMainWindow):
         self.importer.shutdown()  # before the store closes: an abandoned parse commits nothing
         self.store.close()
         super().closeEvent(event)
+
+
+def _adopt_tokens(tree: Tree, rendered: tuple[tuple[int, tuple[int, ...]], ...]) -> list[Node]:
+    """Give nodes that still have no tokens the ones the engine rendered for them."""
+    changed: list[Node] = []
+    for key, tokens in rendered:
+        _, nid = split_id(key)
+        if nid in tree and tree.node(nid).tokens is None:
+            tree.node(nid).tokens = tokens
+            changed.append(tree.node(nid))
+    return changed
 
 
 def _global_view(conversation_id: int, node: Node) -> NodeView:

@@ -70,6 +70,8 @@ class Warmed:
     prompt_tokens: int
     decoded_tokens: int  # 0: the context held it already
     prefill_ms: float
+    # Tokens rendered for path nodes that had none: they keep them (global id, tokens).
+    node_tokens: tuple[tuple[int, tuple[int, ...]], ...] = ()
 
 
 @dataclass(frozen=True)

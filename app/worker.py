@@ -41,6 +41,7 @@ from engine.generator import Generator
 from engine.paths import data_dirs
 from engine.runtime import Runtime, Source
 from engine.settings import Effect, Settings, effect_of
+from engine.tree import Node
 
 log = logging.getLogger(__name__)
 
@@ -172,6 +173,7 @@ class EngineWorker(QObject):
             return request.epoch != self.epoch
 
         path = [view.to_node() for view in request.path]
+        untokenized = {node.id for node in path if node.tokens is None}
         try:
             report = generator.warm(path, cancel=stale)
         except Cancelled:
@@ -190,6 +192,7 @@ class EngineWorker(QObject):
                 prompt_tokens=generator.runtime.canonical_tokens,
                 decoded_tokens=report.decoded_tokens if report is not None else 0,
                 prefill_ms=report.prefill_ms if report is not None else 0.0,
+                node_tokens=_rendered(path, untokenized),
             )
         )
         if report is not None:
@@ -250,10 +253,7 @@ class EngineWorker(QObject):
                 request_id=request.request_id,
                 conversation_id=request.conversation_id,
                 reply_id=request.reply_id,
-                node_tokens=tuple(
-                    (node.id, node.tokens) for node in path
-                    if node.id in untokenized and node.tokens is not None
-                ),
+                node_tokens=_rendered(path, untokenized),
                 text=text,
                 tokens=finished.tokens,
                 meta=tuple(finished.meta().items()),
@@ -346,3 +346,13 @@ class EngineWorker(QObject):
     @staticmethod
     def _failed(request: GenerateRequest, message: str) -> Failed:
         return Failed(request.request_id, request.conversation_id, request.reply_id, message)
+
+
+def _rendered(
+    path: list[Node], untokenized: set[int]
+) -> tuple[tuple[int, tuple[int, ...]], ...]:
+    """The tokens the engine rendered for path nodes that had none: the window keeps them."""
+    return tuple(
+        (node.id, node.tokens) for node in path
+        if node.id in untokenized and node.tokens is not None
+    )

@@ -393,3 +393,29 @@ def test_a_store_error_anywhere_leaves_the_window_consistent_with_one_message(
     assert window.current == first and window.tree.messages()[0].text == "Hello there."
     window.new_conversation()
     assert isinstance(window.current, int) and window.current not in (first, second)
+
+
+def test_the_tokens_a_warm_up_renders_are_kept_and_saved(
+    qtbot: QtBot, window: MainWindow
+) -> None:
+    """An imported conversation has no tokens yet; warming it renders them once, and the
+    request that follows uses those (it renders nothing again)."""
+    from engine.tree import Tree
+
+    tree = Tree("Be brief.")
+    tree.add_child(tree.active_leaf, Role.USER, "What is a delta?")
+    tree.add_child(tree.active_leaf, Role.ASSISTANT, "Where a river meets the sea.")
+    cid = window.store.create(tree, title="Imported")
+    with qtbot.waitSignal(window.warmed, timeout=TIMEOUT) as blocker:
+        window.open_conversation(cid)
+    warmed = blocker.args[0]
+    assert isinstance(warmed, Warmed) and len(warmed.node_tokens) == 3
+    kept = [node.tokens for node in window.tree.active_path()]
+    assert all(kept)
+    assert [n.tokens for n in window.store.load(cid).active_path()] == kept
+    send(qtbot, window, "And an estuary?")
+    path = window.tree.active_path()
+    assert [n.tokens for n in path[:3]] == kept
+    done = window.last_reply
+    assert done is not None  # only the new message was rendered by the request
+    assert [key for key, _ in done.node_tokens] == [global_id(cid, path[3].id)]
