@@ -221,30 +221,39 @@ class Session:
         self, op: str, options: GenerationOptions, *, resume: Node | None = None
     ) -> StepReport:
         """Prepare the prompt and generate: a new reply as the active leaf, or more of
-        `resume`'s text."""
+        `resume`'s text. As in the window, the reply exists (streaming, saved) before the
+        prompt is prepared; a prepare that fails takes it back."""
         path = self.tree.active_path() if resume is None else self.tree.path_to(
             resume.parent if resume.parent is not None else resume.id
         )
         untokenized = [node for node in path if node.tokens is None]
-        prepared = self.generator.prepare(
-            path, resume=resume, on_progress=options.on_progress, cancel=options.cancel
-        )
-        # The tokens a node got now are the ones it keeps (its prefix must never change):
-        # saved with the reply, as the window saves them.
-        rendered = [node for node in untokenized if node.tokens is not None]
-        before, base_text = list(prepared.before), prepared.base_text
         seed = self.conversation.reply_seed(self.seed)
         if options.seed is not None:
             seed = options.seed
         if resume is None:
             reply = self.tree.add_child(path[-1].id, Role.ASSISTANT, "",
                                         status=NodeStatus.STREAMING)
+            was = NodeStatus.STREAMING
         else:
-            reply = resume
+            reply, was = resume, resume.status
             reply.status = NodeStatus.STREAMING
+        self._keep([reply])
+        try:
+            prepared = self.generator.prepare(
+                path, resume=resume, on_progress=options.on_progress, cancel=options.cancel
+            )
+        except BaseException:
+            if resume is None:
+                self._keep([], deleted=self.tree.delete_branch(reply.id))
+            else:
+                reply.status = was
+                self._keep([reply])
+            raise
+        # The tokens a node got now are the ones it keeps (its prefix must never change):
+        # saved at once, as the window saves them.
+        self._keep([node for node in untokenized if node.tokens is not None])
+        before, base_text = list(prepared.before), prepared.base_text
         produced: list[int] = list(before)
-
-        self._keep([*rendered, reply])
 
         def on_token(token: int, piece: str) -> None:
             produced.append(token)

@@ -82,3 +82,38 @@ def test_a_reply_cut_by_a_crash_reopens_interrupted_and_continues(
             assert reopened.load(cid).message(1).status is NodeStatus.COMPLETE
     finally:
         runtime.close()
+
+
+def test_the_reply_exists_while_its_prompt_is_prepared_and_a_failed_prepare_takes_it_back(
+    tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    """As in the window: a streaming reply is saved before the prompt is decoded (a crash
+    then leaves an interrupted reply, not a silent gap), and a prompt that does not fit
+    leaves the conversation as it was, with one clear error."""
+    from engine.errors import ContextOverflowError
+    from engine.tree import Role
+
+    runtime = Runtime(tiny_models["dense"], RuntimeSettings(n_ctx=256, n_batch=32))
+    store = Store(tmp_path / "c.db")
+    try:
+        session = Session(runtime, seed=1)
+        cid = store.create(session.tree, title="t")
+        session.sink = StoreSink(store, cid)
+        seen: list[list[str]] = []
+
+        def during_prepare(_done: int, _total: int) -> None:
+            saved = store.load(cid)
+            seen.append([n.status.value for n in saved.nodes() if n.role is Role.ASSISTANT])
+
+        session.send("Hello.", GenerationOptions(max_tokens=4, on_progress=during_prepare))
+        assert seen and seen[0] == ["streaming"]
+        before = [(n.id, n.text) for n in store.load(cid).nodes()]
+        with pytest.raises(ContextOverflowError):
+            session.send("word " * 400, GenerationOptions(max_tokens=4))
+        after = store.load(cid)
+        assert [n.role for n in after.nodes()].count(Role.ASSISTANT) == 1
+        assert [(n.id, n.text) for n in after.nodes()][: len(before)] == before
+        assert after.node(after.active_leaf).text.startswith("word")  # the message is kept
+    finally:
+        store.close()
+        runtime.close()
