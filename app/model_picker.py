@@ -284,12 +284,13 @@ class ModelPicker(QDialog):
             return self._templates[entry.path]
         return self._settings.template_for(entry.path)
 
-    def _template_of(self, entry: ModelEntry) -> TemplateChoice | None:
+    def _template_of(self, entry: ModelEntry, *, automatic: bool = False) -> TemplateChoice | None:
+        """The template that applies to a file: as picked, or (`automatic`) without a pick."""
         if entry.info is None:
             return None
         return choose_template(
             embedded=entry.info.chat_template, architecture=entry.info.architecture,
-            chosen=self._picked(entry), builtin=self._builtin,
+            chosen=None if automatic else self._picked(entry), builtin=self._builtin,
         )
 
     def _fill_templates(self) -> None:
@@ -298,11 +299,8 @@ class ModelPicker(QDialog):
         box = self.template_box
         box.blockSignals(True)
         box.clear()
-        if entry is not None and entry.info is not None:
-            automatic = choose_template(
-                embedded=entry.info.chat_template, architecture=entry.info.architecture,
-                chosen=None, builtin=self._builtin,
-            )
+        automatic = self._template_of(entry, automatic=True) if entry is not None else None
+        if entry is not None and entry.info is not None and automatic is not None:
             box.addItem(f"Automatic: {automatic.describe()}", None)
             for name in template_options(entry.info.chat_template, self._builtin):
                 box.addItem("the model's own" if name == MODEL_TEMPLATE else name, name)

@@ -117,17 +117,16 @@ class Generator:
     ) -> Prepared:
         """Bring the context to the prompt for a reply after `path` (or for more of
         `resume`, a reply whose parent is path[-1]) by the cheapest valid plan."""
+        marks = self.prompts.marks(path)
         if resume is None:
             before: list[int] = []
             base_text = ""
             target = self.prompts.target(path)
-            marks = self.prompts.marks(path)
         else:
             opened = self.prompts.open_reply_tokens(path, resume)
             before = opened[len(self.prompts.generation_prompt(path)):]
             base_text = resume.text
             target = self.prompts.path_tokens(path) + opened
-            marks = self.prompts.marks(path)
             opening = self.prompts.reply_opening(opened)
             if opening is not None:  # as the finished reply will mark it (PromptBuilder.marks)
                 marks.append(marks[-1] + opening)
@@ -178,8 +177,8 @@ class Generator:
     def reply_tokens(
         self, path: Sequence[Node], generated: Sequence[int], text: str
     ) -> ReplyTokens:
-        tokens = self.prompts.reply_tokens(path, generated, text)
-        opening = self.prompts.generation_prompt(path)
+        opening = self.prompts.generation_prompt(path)  # rendered once for both uses
+        tokens = self.prompts.reply_tokens(path, generated, text, opening=opening)
         starts = tokens[: len(opening)] == opening
         return ReplyTokens(
             tuple(tokens), len(opening) + len(generated), len(opening) if starts else None

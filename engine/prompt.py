@@ -169,18 +169,27 @@ class PromptBuilder:
             log.warning("chat template: generation prompt is not a suffix; using the difference")
         return self._tok.tokenize(with_prompt[_common_prefix_len(with_prompt, without):])
 
-    def reply_tokens(self, path: Sequence[Node], generated: Sequence[int], text: str) -> list[int]:
+    def reply_tokens(
+        self,
+        path: Sequence[Node],
+        generated: Sequence[int],
+        text: str,
+        *,
+        opening: Sequence[int] | None = None,
+    ) -> list[int]:
         """The tokens of a reply generated after `path`: exactly what the model produced.
 
-        The generation prompt and the generated tokens are kept as they were, followed by the
-        template's closing text (e.g. `<|im_end|>\\n`), so the live cache after a reply is a
-        prefix of the next prompt, even for recurrent models.
+        The generation prompt (`opening`, when the caller has rendered it already) and the
+        generated tokens are kept as they were, followed by the template's closing text
+        (e.g. `<|im_end|>\\n`), so the live cache after a reply is a prefix of the next
+        prompt, even for recurrent models.
         """
         if self._reply_frame is None:
             reply = Node(id=-1, parent=None, role=Role.ASSISTANT, text=text, created=0.0)
             return self._render_node([*path, reply], len(path))
         closing = self._reply_frame[1]
-        return self.generation_prompt(path) + list(generated) + self._tok.tokenize(closing)
+        start = list(opening) if opening is not None else self.generation_prompt(path)
+        return start + list(generated) + self._tok.tokenize(closing)
 
     def open_reply_tokens(self, path: Sequence[Node], reply: Node) -> list[int]:
         """A reply's tokens without its closing text: the prompt to continue it from."""

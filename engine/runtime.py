@@ -414,19 +414,16 @@ class Runtime:
                 self._bounds.append(end)
                 self._settled = False
                 position = end
-                wanted = end in saves and on_checkpoint is not None
+                keep = on_checkpoint if end in saves else None
                 if end == len(target):
-                    if wanted:
-                        assert on_checkpoint is not None
-                        self._pending_capture = self._capture_into(on_checkpoint)
+                    if keep is not None:
+                        self._pending_capture = self._capture_into(keep)
                 elif self._settles:
                     settled = self._settle()  # before the next chunk; its blob is the save
-                    if wanted:
-                        assert on_checkpoint is not None
-                        on_checkpoint(settled)
-                elif wanted:
-                    assert on_checkpoint is not None
-                    on_checkpoint(self.capture())
+                    if keep is not None:
+                        keep(settled)
+                elif keep is not None:
+                    keep(self.capture())
                 if on_progress:
                     on_progress(end - start, total)
         except ArborError:

@@ -211,9 +211,9 @@ class Session:
         self._keep(list(change.nodes), deleted=change.deleted)
         job = change.reply
         if job is None:
-            changed = change.nodes[-1].id if change.nodes else None
-            return StepReport(op=op, node_id=node_id if node_id is not None else (
-                changed if changed is not None else self.tree.active_leaf), text=text)
+            if node_id is None:
+                node_id = change.nodes[-1].id if change.nodes else self.tree.active_leaf
+            return StepReport(op=op, node_id=node_id, text=text)
         resume = self.tree.node(job.resume) if job.resume is not None else None
         return self._reply(op, options or GenerationOptions(), resume=resume)
 
