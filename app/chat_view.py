@@ -8,8 +8,10 @@ place.
 `ChatView` is the `QListView` with the per-message actions (edit, regenerate, rewind, fork,
 copy, delete, previous/next version), each reported as a signal with the node id. Editing
 happens in place: the delegate creates a `MessageEditor` over the one bubble being edited
-(a persistent editor, so the only widget in the list) and the row grows to fit it. The model
-stays read-only; the view reports the new text with `edit_submitted`.
+(a persistent editor, so the only widget in the list) and the row grows to fit it; `ChatEditing`
+(app.chat_editing) opens and closes it. The model stays read-only; the view reports the new
+text with `edit_submitted`. How the view scrolls is its base class's, `TailFollowingView`
+(app.chat_scrolling).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 from PySide6.QtCore import QEvent, QModelIndex, Qt, Signal, Slot
 from PySide6.QtGui import (
@@ -30,6 +32,7 @@ from PySide6.QtGui import (
 )
 from PySide6.QtWidgets import QAbstractItemView, QListView, QMenu, QWidget
 
+from app.chat_editing import ChatEditing
 from app.chat_model import (
     ASSISTANT,
     STREAMING,
@@ -38,6 +41,7 @@ from app.chat_model import (
     MessageRow,
     ModelIndex,
 )
+from app.chat_scrolling import TailFollowingView
 from app.message_delegate import MessageDelegate
 from app.message_editor import MessageEditor
 
@@ -85,7 +89,7 @@ _ACTIONS: tuple[_ActionSpec, ...] = (
 )
 
 
-class ChatView(QListView):
+class ChatView(TailFollowingView):
     """The conversation's messages, with per-message actions reported as signals.
 
     The view never changes a tree itself: it reports what the user asked for with the node
@@ -112,8 +116,6 @@ class ChatView(QListView):
     copy_requested = Signal(int)
     delete_requested = Signal(int)
 
-    BOTTOM_SLACK: ClassVar[int] = 4  # pixels from the end that still count as "at the bottom"
-
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
         self._chat_model = ChatModel(self)
@@ -134,14 +136,10 @@ class ChatView(QListView):
         self.setMouseTracking(True)
         self.setContextMenuPolicy(Qt.ContextMenuPolicy.DefaultContextMenu)
 
-        self._follow_tail = True
-        self._at_bottom = True
-        self._editing: int | None = None  # the node whose editor is open
-        self._lost_edit: int | None = None  # closed by a model change, cancelled once it ends
-        self._kept_edit: tuple[str, bool] | None = None  # (text, focused) across a reset
-        bar = self.verticalScrollBar()
-        bar.valueChanged.connect(self._on_scroll_value)
-        bar.rangeChanged.connect(self._on_scroll_range)
+        self._edits = ChatEditing(self, self._chat_model)
+        self._edits.started.connect(self.edit_started)
+        self._edits.submitted.connect(self.edit_submitted)
+        self._edits.cancelled.connect(self.edit_cancelled)
 
         self._delegate.variant_requested.connect(self.variant_requested)
         self._actions: dict[str, QAction] = {}
@@ -166,9 +164,9 @@ class ChatView(QListView):
 
         self.selectionModel().currentChanged.connect(self._on_current_changed)
         self._chat_model.modelReset.connect(self.update_actions)
-        self._chat_model.modelAboutToBeReset.connect(self._on_model_about_to_reset)
+        self._chat_model.modelAboutToBeReset.connect(self._edits.on_model_about_to_reset)
         self._chat_model.modelReset.connect(self._on_model_reset)
-        self._chat_model.rowsRemoved.connect(self._on_rows_removed)
+        self._chat_model.rowsRemoved.connect(self._edits.on_rows_removed)
         self._chat_model.rowsInserted.connect(self.update_actions)
         self._chat_model.rowsRemoved.connect(self.update_actions)
         self._chat_model.dataChanged.connect(self.update_actions)
@@ -323,111 +321,32 @@ class ChatView(QListView):
         if 0 <= wanted < row.variants:
             self.variant_requested.emit(row.node_id, wanted)
 
-    # --- editing in place --------------------------------------------------------------
+    # --- editing in place (the machinery: app.chat_editing) ----------------------------
 
     @property
     def editing_node(self) -> int | None:
         """The node whose editor is open, or None."""
-        return self._editing
+        return self._edits.node
 
     def editor(self) -> MessageEditor | None:
         """The open editor (the only widget among the messages), or None."""
-        index = self._index_of(self._editing)
-        widget = self.indexWidget(index) if index is not None else None
-        return widget if isinstance(widget, MessageEditor) else None
+        return self._edits.editor()
 
     def start_edit(self, node_id: int) -> bool:
         """Open the editor on `node_id`, prefilled with its text; another open edit is
         cancelled first (one at a time). False when the node is not shown."""
-        index = self._index_of(node_id)
-        if index is None:
-            return False
-        if node_id == self._editing:
-            editor = self.editor()
-            if editor is not None:
-                editor.setFocus()
-            return True
-        self.cancel_edit()
-        self.setCurrentIndex(index)
-        self._open_editor(node_id, None, focus=True)
-        self.scrollTo(index)
-        log.debug("editing node %s", node_id)
-        self.edit_started.emit(node_id)
-        return True
+        return self._edits.start(node_id)
 
     @Slot()
     def cancel_edit(self) -> None:
         """Close the open editor, if any, and report the edit cancelled."""
-        node = self._close_editor()
-        if node is not None:
-            log.debug("edit of node %s cancelled", node)
-            self.edit_cancelled.emit(node)
-
-    def _index_of(self, node_id: int | None) -> QModelIndex | None:
-        row = None if node_id is None else self._chat_model.row_of(node_id)
-        return None if row is None else self._chat_model.index(row, 0)
-
-    def _open_editor(self, node_id: int, text: str | None, *, focus: bool) -> None:
-        index = self._index_of(node_id)
-        if index is None:
-            return
-        self._editing = node_id
-        self.openPersistentEditor(index)
-        editor = self.editor()
-        if editor is None:
-            self._editing = None
-            return
-        if text is not None:
-            editor.set_text(text)
-        editor.submitted.connect(self._on_editor_submitted)
-        editor.cancelled.connect(self.cancel_edit)
-        if focus:
-            editor.setFocus()
-
-    def _close_editor(self) -> int | None:
-        """Close the open editor without a signal; returns its node id (None if none)."""
-        node, self._editing = self._editing, None
-        index = self._index_of(node)
-        if index is not None:
-            self.closePersistentEditor(index)
-        return node
-
-    @Slot(str)
-    def _on_editor_submitted(self, text: str) -> None:
-        node = self._editing
-        index = self._index_of(node)
-        if node is None or index is None:
-            return
-        original = self._chat_model.row_at(index.row()).text
-        new = text.strip()
-        if not new or new == original.strip():
-            self.cancel_edit()
-            return
-        self._close_editor()  # first: the owner's new rows should find no editor open
-        log.debug("edit of node %s submitted", node)
-        self.edit_submitted.emit(node, new)
+        self._edits.cancel()
 
     def rowsAboutToBeRemoved(self, parent: ModelIndex, start: int, end: int) -> None:
         """The edited message going away closes its editor (reported once the rows are gone;
         Qt would otherwise drop the editor behind the view's back)."""
-        index = self._index_of(self._editing)
-        if index is not None and not parent.isValid() and start <= index.row() <= end:
-            self._lost_edit = self._close_editor()
+        self._edits.rows_about_to_be_removed(parent, start, end)
         super().rowsAboutToBeRemoved(parent, start, end)
-
-    @Slot()
-    def _on_rows_removed(self) -> None:
-        node, self._lost_edit = self._lost_edit, None
-        if node is not None:
-            self.edit_cancelled.emit(node)
-
-    @Slot()
-    def _on_model_about_to_reset(self) -> None:
-        # A reset drops every editor: keep the text, to reopen it if the message stays.
-        editor = self.editor()
-        if editor is not None:
-            self._kept_edit = (editor.text(), editor.text_edit.hasFocus())
-        self._lost_edit = self._close_editor()
 
     # --- menus and keys ----------------------------------------------------------------
 
@@ -502,22 +421,7 @@ class ChatView(QListView):
             self.viewport().unsetCursor()
         super().mouseMoveEvent(event)
 
-    # --- scrolling ---------------------------------------------------------------------
-
-    @property
-    def follow_tail(self) -> bool:
-        """Whether the view stays at the bottom while the last message grows (when the user
-        was already at the bottom)."""
-        return self._follow_tail
-
-    @follow_tail.setter
-    def follow_tail(self, enabled: bool) -> None:
-        self._follow_tail = bool(enabled)
-
-    def is_at_bottom(self) -> bool:
-        """Whether the view shows the end of the conversation."""
-        bar = self.verticalScrollBar()
-        return bar.value() >= bar.maximum() - self.BOTTOM_SLACK
+    # --- scrolling (following the end: app.chat_scrolling) -----------------------------
 
     def scroll_to_node(
         self,
@@ -532,48 +436,10 @@ class ChatView(QListView):
         return True
 
     @Slot()
-    def scroll_to_end(self) -> None:
-        """Show the end of the conversation and follow it again."""
-        self.doItemsLayout()
-        self.scrollToBottom()
-        self._at_bottom = True
-
-    def scrollTo(
-        self,
-        index: ModelIndex,
-        hint: QAbstractItemView.ScrollHint = QAbstractItemView.ScrollHint.EnsureVisible,
-    ) -> None:
-        """As QListView, but a message taller than the view that is already partly visible
-        does not jump to its top when clicked."""
-        if hint == QAbstractItemView.ScrollHint.EnsureVisible and index.isValid():
-            rect = self.visualRect(index)
-            area = self.viewport().rect()
-            if rect.height() > area.height() and rect.intersects(area):
-                return
-        super().scrollTo(index, hint)
-
-    @Slot()
     def _on_model_reset(self) -> None:
-        # Another conversation: open it at its end.
+        # Another conversation: open it at its end (then an edit the reset closed reopens).
         self._at_bottom = True
-        node, self._lost_edit = self._lost_edit, None
-        kept, self._kept_edit = self._kept_edit, None
-        if node is None:
-            return
-        if self._chat_model.row_of(node) is not None and kept is not None:
-            text, focused = kept
-            self._open_editor(node, text, focus=focused)  # the same message: keep editing
-        else:
-            self.edit_cancelled.emit(node)
-
-    @Slot(int)
-    def _on_scroll_value(self, _value: int) -> None:
-        self._at_bottom = self.is_at_bottom()
-
-    @Slot(int, int)
-    def _on_scroll_range(self, _minimum: int, maximum: int) -> None:
-        if self._follow_tail and self._at_bottom:
-            self.verticalScrollBar().setValue(maximum)
+        self._edits.on_model_reset()
 
     # --- other events ------------------------------------------------------------------
 

@@ -4,7 +4,9 @@
 bounded LRU cache keyed by (node id, text hash, width), shared by `sizeHint` and `paint`; row
 heights have their own (much larger, tiny-entry) cache because `QListView` asks every row for
 its size on each relayout, which would otherwise thrash the document cache on long
-conversations. It also makes the in-place `MessageEditor` for the one message being edited.
+conversations. The documents are finished and cached with the helpers of
+app.message_documents; the in-place `MessageEditor` for the one message being edited is hosted
+by the base class, `EditingDelegate` (app.editing_delegate).
 """
 
 from __future__ import annotations
@@ -12,15 +14,12 @@ from __future__ import annotations
 import logging
 import math
 from collections import OrderedDict
-from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from PySide6.QtCore import (
     QAbstractItemModel,
     QEvent,
-    QObject,
-    QPersistentModelIndex,
     QPoint,
     QPointF,
     QRect,
@@ -28,7 +27,6 @@ from PySide6.QtCore import (
     QSize,
     Qt,
     Signal,
-    Slot,
 )
 from PySide6.QtGui import (
     QAbstractTextDocumentLayout,
@@ -39,18 +37,12 @@ from PySide6.QtGui import (
     QPainter,
     QPalette,
     QPen,
-    QTextBlock,
-    QTextCharFormat,
-    QTextCursor,
     QTextDocument,
-    QTextFormat,
-    QTextOption,
 )
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QApplication,
     QStyle,
-    QStyledItemDelegate,
     QStyleOptionViewItem,
     QWidget,
 )
@@ -66,103 +58,11 @@ from app.chat_model import (
     MessageRow,
     ModelIndex,
 )
-from app.message_editor import MessageEditor
+from app.editing_delegate import EditingDelegate
+from app.message_documents import colour_links, markdown_document, mix, remember
+from app.message_documents import shade_code as _shade_code  # tests patch it to count layouts
 
 log = logging.getLogger(__name__)
-
-
-@dataclass
-class _Editing:
-    """The delegate's note of the message being edited (at most one)."""
-
-    node_id: int
-    index: QPersistentModelIndex
-    height: int  # what the editor wants, before the cap
-
-
-def _mix(a: QColor, b: QColor, amount: float) -> QColor:
-    """`a` moved `amount` (0..1) of the way towards `b`; works the same on light and dark."""
-    return QColor.fromRgbF(
-        a.redF() + (b.redF() - a.redF()) * amount,
-        a.greenF() + (b.greenF() - a.greenF()) * amount,
-        a.blueF() + (b.blueF() - a.blueF()) * amount,
-        1.0,
-    )
-
-
-# Translucent grey reads on both light and dark bubbles, so a theme switch need not touch it
-# (the link colour does go into cached documents: see `ChatView.changeEvent`).
-_CODE_BACKGROUND = QColor(128, 128, 128, 48)
-
-
-def _merge_where(
-    cursor: QTextCursor, block: QTextBlock, wanted: Callable[[QTextCharFormat], bool],
-    fmt: QTextCharFormat,
-) -> None:
-    """Merge `fmt` into every fragment of `block` whose character format `wanted` accepts."""
-    it = block.begin()
-    while not it.atEnd():
-        fragment = it.fragment()
-        if fragment.isValid() and wanted(fragment.charFormat()):
-            cursor.setPosition(fragment.position())
-            cursor.setPosition(
-                fragment.position() + fragment.length(), QTextCursor.MoveMode.KeepAnchor
-            )
-            cursor.mergeCharFormat(fmt)
-        it += 1
-
-
-def _shade_code(doc: QTextDocument) -> None:
-    """Give fenced code blocks and inline code a faint background (the importer only sets
-    the monospace font)."""
-    cursor = QTextCursor(doc)
-    shade = QTextCharFormat()
-    shade.setBackground(_CODE_BACKGROUND)
-    block = doc.begin()
-    while block.isValid():
-        fmt = block.blockFormat()
-        if fmt.hasProperty(QTextFormat.Property.BlockCodeFence) or fmt.nonBreakableLines():
-            fmt.setBackground(_CODE_BACKGROUND)
-            # Wrap long code lines rather than paint past the bubble (no sideways scrolling).
-            fmt.setNonBreakableLines(False)
-            cursor.setPosition(block.position())
-            cursor.setBlockFormat(fmt)
-        else:
-            _merge_where(cursor, block, QTextCharFormat.fontFixedPitch, shade)
-        block = block.next()
-
-
-def _colour_links(doc: QTextDocument, colour: QColor) -> None:
-    """Paint links in `colour`: the Markdown importer bakes in the application palette's
-    link colour of the moment, which is unreadable once the theme turns dark (#0000ff)."""
-    cursor = QTextCursor(doc)
-    link = QTextCharFormat()
-    link.setForeground(colour)
-    block = doc.begin()
-    while block.isValid():
-        _merge_where(cursor, block, QTextCharFormat.isAnchor, link)
-        block = block.next()
-
-
-def _remember(
-    cache: OrderedDict[tuple[int, int, int], Any],
-    latest: dict[tuple[int, int], tuple[int, int, int]],
-    key: tuple[int, int, int],
-    value: object,
-    limit: int,
-) -> None:
-    """Put `value` in an LRU `cache` keyed (node id, text hash, width), replacing the entry
-    for the same node and width with an older text, and evicting beyond `limit`."""
-    node_id, _text_hash, width = key
-    older = latest.get((node_id, width))
-    if older is not None and older != key:
-        cache.pop(older, None)
-    latest[(node_id, width)] = key
-    cache[key] = value
-    while len(cache) > limit:
-        gone, _ = cache.popitem(last=False)
-        if latest.get((gone[0], gone[2])) == gone:
-            del latest[(gone[0], gone[2])]
 
 
 @dataclass(frozen=True)
@@ -175,12 +75,12 @@ class _Geometry:
     right_arrow: QRect
 
 
-class MessageDelegate(QStyledItemDelegate):
+class MessageDelegate(EditingDelegate):
     """Paints a message as a Markdown bubble with a role header and a version switcher.
 
-    It also makes the in-place `MessageEditor` for the one message being edited: the row of
-    that message grows to the editor's wanted height (capped at `EDITOR_SHARE` of the view),
-    its bubble takes the full width and its text is left to the editor, which sits over it.
+    It also makes the in-place `MessageEditor` for the one message being edited (see
+    `EditingDelegate`): the row of that message grows to the editor's wanted height, its
+    bubble takes the full width and its text is left to the editor, which sits over it.
     """
 
     variant_requested = Signal(int, int)  # node id, wanted variant index
@@ -193,8 +93,6 @@ class MessageDelegate(QStyledItemDelegate):
     USER_WIDTH: ClassVar[float] = 0.8  # user bubbles are at most this share of the width
     MIN_USER_WIDTH: ClassVar[int] = 260
     ROLE_LABELS: ClassVar[dict[str, str]] = {USER: "You", ASSISTANT: "Assistant"}
-    EDITOR_SHARE: ClassVar[float] = 0.6  # an editor is at most this share of the view's height
-    EDITOR_MIN_CAP: ClassVar[int] = 120  # ...but may always be this tall (a short view)
 
     def __init__(self, parent: QWidget | None = None, *, cache_limit: int = 512) -> None:
         super().__init__(parent)
@@ -206,7 +104,6 @@ class MessageDelegate(QStyledItemDelegate):
         # texts are dropped at once instead of crowding the LRU with dead documents.
         self._latest_doc: dict[tuple[int, int], tuple[int, int, int]] = {}
         self._latest_height: dict[tuple[int, int], tuple[int, int, int]] = {}
-        self._edit: _Editing | None = None
 
     # --- caches ------------------------------------------------------------------------
 
@@ -239,18 +136,11 @@ class MessageDelegate(QStyledItemDelegate):
         if doc is not None:
             self._docs.move_to_end(key)
             return doc
-        doc = QTextDocument()
-        doc.setUndoRedoEnabled(False)
-        doc.setDocumentMargin(0)
-        doc.setDefaultFont(font if font is not None else self._font())
-        option = doc.defaultTextOption()
-        option.setWrapMode(QTextOption.WrapMode.WrapAtWordBoundaryOrAnywhere)  # long URLs too
-        doc.setDefaultTextOption(option)
-        doc.setMarkdown(row.text)
+        doc = markdown_document(row.text, font if font is not None else self._font())
         _shade_code(doc)
-        _colour_links(doc, self._palette().color(QPalette.ColorRole.Link))
+        colour_links(doc, self._palette().color(QPalette.ColorRole.Link))
         doc.setTextWidth(text_width)
-        _remember(self._docs, self._latest_doc, key, doc, self.cache_limit)
+        remember(self._docs, self._latest_doc, key, doc, self.cache_limit)
         return doc
 
     def _item_height(self, row: MessageRow, item_width: int, font: QFont | None) -> int:
@@ -266,15 +156,8 @@ class MessageDelegate(QStyledItemDelegate):
             return height
         font = font if font is not None else self._font()
         doc = self.document(row, self.text_width(row.role, item_width), font)
-        header_h = self._header_height(QFontMetrics(font))
-        height = (
-            2 * self.MARGIN_V
-            + 2 * self.PADDING
-            + header_h
-            + self.HEADER_GAP
-            + math.ceil(doc.size().height())
-        )
-        _remember(self._heights, self._latest_height, key, height, self.height_cache_limit)
+        height = self._frame_height(font) + math.ceil(doc.size().height())
+        remember(self._heights, self._latest_height, key, height, self.height_cache_limit)
         return height
 
     # --- geometry ----------------------------------------------------------------------
@@ -304,6 +187,11 @@ class MessageDelegate(QStyledItemDelegate):
     @staticmethod
     def _header_height(metrics: QFontMetrics) -> int:
         return metrics.height() + 2
+
+    def _frame_height(self, font: QFont) -> int:
+        """A bubble's height without its text: margins, padding and the header line."""
+        header_h = self._header_height(QFontMetrics(font))
+        return 2 * self.MARGIN_V + 2 * self.PADDING + header_h + self.HEADER_GAP
 
     def _markers(self, row: MessageRow) -> str:
         parts: list[str] = []
@@ -356,6 +244,13 @@ class MessageDelegate(QStyledItemDelegate):
         else:
             right_arrow = counter = left_arrow = QRect()
         return _Geometry(bubble, header, text_origin, left_arrow, counter, right_arrow)
+
+    def _text_area(self, rect: QRect, row: MessageRow, font: QFont) -> QRect:
+        """Where the text of `row`'s bubble, at its full width, goes in an item at `rect`."""
+        geometry = self._geometry(rect, row, font)
+        bubble = geometry.bubble
+        bottom_right = QPoint(bubble.right() - self.PADDING, bubble.bottom() - self.PADDING)
+        return QRect(geometry.text_origin, bottom_right)
 
     def switcher_rects(self, option_rect: QRect, row: MessageRow) -> tuple[QRect, QRect]:
         """The (previous, next) arrow hit areas for `row` painted in `option_rect`.
@@ -446,10 +341,10 @@ class MessageDelegate(QStyledItemDelegate):
         base = palette.color(QPalette.ColorRole.Base)
         text = palette.color(QPalette.ColorRole.Text)
         if row.role == USER:
-            fill = _mix(base, palette.color(QPalette.ColorRole.Highlight), 0.22)
+            fill = mix(base, palette.color(QPalette.ColorRole.Highlight), 0.22)
         else:
-            fill = _mix(base, text, 0.06)
-        dim = _mix(text, fill, 0.45)
+            fill = mix(base, text, 0.06)
+        dim = mix(text, fill, 0.45)
         state = option.state
         selected = bool(state & QStyle.StateFlag.State_Selected)
 
@@ -483,7 +378,7 @@ class MessageDelegate(QStyledItemDelegate):
                 marker_rect.setRight(geometry.left_arrow.left() - 4)
             if row.status == INTERRUPTED:
                 painter.setPen(
-                    _mix(palette.color(QPalette.ColorRole.Text), QColor(220, 60, 40), 0.7)
+                    mix(palette.color(QPalette.ColorRole.Text), QColor(220, 60, 40), 0.7)
                 )
             else:
                 painter.setPen(dim)
@@ -571,86 +466,3 @@ class MessageDelegate(QStyledItemDelegate):
             log.debug("switch node %s to variant %s", row.node_id, row.variant + direction)
             self.variant_requested.emit(row.node_id, row.variant + direction)
         return True
-
-    # --- editing in place --------------------------------------------------------------
-
-    @property
-    def editing_node(self) -> int | None:
-        """The node whose editor this delegate made and has not destroyed yet, or None."""
-        return None if self._edit is None else self._edit.node_id
-
-    def _editing_height(self, option: QStyleOptionViewItem, wanted: int) -> int:
-        """The edited row's height: the bubble's frame around the editor's (capped) height."""
-        widget = option.widget
-        view_height = widget.viewport().height() if isinstance(widget, QAbstractItemView) else 0
-        cap = max(self.EDITOR_MIN_CAP, int(view_height * self.EDITOR_SHARE))
-        header_h = self._header_height(QFontMetrics(QFont(option.font)))
-        return 2 * self.MARGIN_V + 2 * self.PADDING + header_h + self.HEADER_GAP + min(wanted, cap)
-
-    def createEditor(
-        self, parent: QWidget, option: QStyleOptionViewItem, index: ModelIndex
-    ) -> QWidget:
-        """A `MessageEditor` that keeps the view's own keys (they act on whole messages)."""
-        row = self._row(index)
-        if row is None:
-            return super().createEditor(parent, option, index)
-        actions = option.widget.actions() if option.widget is not None else []
-        keys = [seq for action in actions for seq in action.shortcuts()]
-        editor = MessageEditor(parent, reserved_keys=keys)
-        self._edit = _Editing(row.node_id, QPersistentModelIndex(index), editor.wanted_height())
-        editor.height_wanted.connect(self._on_editor_height)
-        return editor
-
-    def setEditorData(self, editor: QWidget, index: ModelIndex) -> None:
-        """Prefill a fresh editor with the message's text, and only a fresh one: the view
-        calls this again whenever the row changes (a new version count, a checkpoint), which
-        must not throw away what the user typed."""
-        if not isinstance(editor, MessageEditor):
-            super().setEditorData(editor, index)
-            return
-        row = self._row(index)
-        if row is not None and not editor.filled:
-            editor.set_text(row.text)
-
-    def setModelData(self, editor: QWidget, model: QAbstractItemModel, index: ModelIndex) -> None:
-        """Nothing: the model is read-only; the view reports the edit and its owner applies
-        it to the tree."""
-
-    def updateEditorGeometry(
-        self, editor: QWidget, option: QStyleOptionViewItem, index: ModelIndex
-    ) -> None:
-        """Place the editor over the text area of a full-width bubble (the header stays)."""
-        row = self._row(index)
-        if row is None:
-            super().updateEditorGeometry(editor, option, index)
-            return
-        geometry = self._geometry(option.rect, row, QFont(option.font))
-        bubble = geometry.bubble
-        bottom_right = QPoint(bubble.right() - self.PADDING, bubble.bottom() - self.PADDING)
-        editor.setGeometry(QRect(geometry.text_origin, bottom_right))
-
-    def destroyEditor(self, editor: QWidget, index: ModelIndex) -> None:
-        """Forget the edit and let the row shrink back to its bubble."""
-        if isinstance(editor, MessageEditor):
-            editor.height_wanted.disconnect(self._on_editor_height)
-            self._edit = None
-            if index.isValid():
-                self.sizeHintChanged.emit(index.model().index(index.row(), index.column()))
-        super().destroyEditor(editor, index)
-
-    def eventFilter(self, watched: QObject, event: QEvent) -> bool:
-        """Leave a `MessageEditor` alone: by default a delegate commits and closes its editor
-        when focus leaves it, which would throw away a long edit on a stray click."""
-        if isinstance(watched, MessageEditor):
-            return False
-        return super().eventFilter(watched, event)
-
-    @Slot(int)
-    def _on_editor_height(self, height: int) -> None:
-        edit = self._edit
-        if edit is None or edit.height == height:
-            return
-        edit.height = height
-        if edit.index.isValid():
-            self.sizeHintChanged.emit(edit.index.model().index(edit.index.row(),
-                                                               edit.index.column()))

@@ -7,10 +7,12 @@ in RAM, outlined: on disk). Clicking a node emits `node_clicked`; a left-drag on
 pans, Ctrl+wheel zooms.
 
 The panel only draws what it is given (`PanelNode` values); `panel_nodes_from_tree` builds
-those from an `engine.tree.Tree`. Every `set_tree` call replaces the drawing. The layout is
-O(n); the items are built-in ellipse, line and rect items (painted in C++, nothing overridden)
-in a BSP-indexed scene; and items of node ids that are drawn already are reused and only
-updated where something changed, so redrawing a 1,000-node tree after each change stays cheap.
+those from an `engine.tree.Tree` and `layout_tree` places them (both Qt-free, in
+app.tree_layout; the first two are re-exported here). Every `set_tree` call replaces the
+drawing. The layout is O(n); the items are built-in ellipse, line and rect items (painted in
+C++, nothing overridden) in a BSP-indexed scene; and items of node ids that are drawn already
+are reused and only updated where something changed, so redrawing a 1,000-node tree after
+each change stays cheap.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from __future__ import annotations
 import html
 import logging
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from PySide6.QtCore import QEvent, QPoint, QRectF, Qt, Signal
@@ -41,26 +43,37 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from engine.tree import Role, Tree
+from app.tree_layout import (
+    NODE_RADIUS,
+    PanelNode,
+    layout_tree,
+    panel_nodes_from_tree,
+    preview,
+    validate_nodes,
+)
+from engine.tree import Role
 
 log = logging.getLogger(__name__)
 
-ROLES = frozenset(role.value for role in Role)
-CHECKPOINT_KINDS = frozenset({"ram", "disk"})
+__all__ = [
+    "MAX_ZOOM",
+    "MIN_ZOOM",
+    "NODE_RADIUS",
+    "EdgeItem",
+    "NodeItem",
+    "PanelNode",
+    "PanelUpdate",
+    "TreePanel",
+    "panel_nodes_from_tree",
+    "preview",
+]
 
-NODE_RADIUS = 7.0  # a 14 px circle at zoom 1
-COLUMN_WIDTH = 24.0  # horizontal distance between two leaf columns
-ROW_HEIGHT = 40.0  # vertical distance between two depths
-FOREST_GAP = 1.0  # extra empty columns between separate roots (only for malformed input)
-MARGIN = 24.0
 BADGE_SIZE = 6.0
 
 MIN_ZOOM = 0.1
 MAX_ZOOM = 4.0
 ZOOM_STEP = 1.25
 WHEEL_ZOOM_PER_NOTCH = 1.15
-
-LABEL_CHARS = 40
 
 # Looked up once: attribute access on PySide enums is slow enough to show at 1,000 items.
 _SYSTEM = Role.SYSTEM.value
@@ -72,122 +85,6 @@ Z_EDGE = 0.0
 Z_ACTIVE_EDGE = 1.0
 Z_NODE = 2.0
 Z_ACTIVE_NODE = 3.0
-
-
-@dataclass(frozen=True)
-class PanelNode:
-    """What the panel needs to know about one message."""
-
-    id: int
-    parent: int | None
-    role: str  # "system" | "user" | "assistant"
-    label: str  # a short one-line preview of the text
-    checkpoint: str | None = None  # None, "ram" or "disk"
-
-
-def preview(text: str, limit: int = LABEL_CHARS) -> str:
-    """The text on one line (whitespace runs collapsed), cut to `limit` characters with '…'."""
-    line = " ".join(text.split())
-    if len(line) <= limit:
-        return line
-    return line[: limit - 1].rstrip() + "…"
-
-
-def panel_nodes_from_tree(
-    tree: Tree, checkpoints: Mapping[int, str] | None = None
-) -> list[PanelNode]:
-    """The tree's nodes as `PanelNode`s, parents before children, siblings in tree order.
-
-    `checkpoints` maps a node id to "ram" or "disk" for the nodes that hold a checkpoint; ids
-    that are not in the tree are ignored.
-    """
-    checkpoints = checkpoints or {}
-    for node_id, kind in checkpoints.items():
-        if kind not in CHECKPOINT_KINDS:
-            raise ValueError(f"node {node_id}: unknown checkpoint kind {kind!r}")
-    out: list[PanelNode] = []
-    for node_id in tree.subtree(tree.root_id):  # pre-order: children in their tree order
-        node = tree.node(node_id)
-        label = preview(node.text)
-        if node.parent is None and not label:
-            label = "System prompt"
-        out.append(
-            PanelNode(
-                id=node.id,
-                parent=node.parent,
-                role=Role(node.role).value,
-                label=label,
-                checkpoint=checkpoints.get(node.id),
-            )
-        )
-    return out
-
-
-@dataclass(frozen=True)
-class _Layout:
-    """Node centres in scene coordinates and the size of the drawing."""
-
-    centres: dict[int, tuple[float, float]]
-    width: float
-    height: float
-
-
-def layout_tree(nodes: Sequence[PanelNode]) -> _Layout:
-    """A tidy top-down layout in O(n).
-
-    Every leaf gets a column of its own, in depth-first order (children left to right in the
-    order they appear in `nodes`); a parent is centred over its first and last child; depth is
-    the row. Within a row, subtrees own disjoint column ranges, so two nodes of one row are at
-    least one column apart. A node whose parent is missing is laid out as an extra root; nodes
-    that no root reaches (a cycle) are left out and logged.
-    """
-    ids = {node.id for node in nodes}
-    children: dict[int, list[int]] = {node.id: [] for node in nodes}
-    roots: list[int] = []
-    for node in nodes:
-        if node.parent is None or node.parent not in ids:
-            if node.parent is not None:
-                log.warning("tree panel: node %d has a missing parent %d", node.id, node.parent)
-            roots.append(node.id)
-        else:
-            children[node.parent].append(node.id)
-
-    column: dict[int, float] = {}
-    depth: dict[int, int] = {}
-    next_column = 0.0
-    max_depth = 0
-    for index, root in enumerate(roots):
-        if index:
-            next_column += FOREST_GAP
-        # Iterative post-order walk (a long chat is a deep chain; recursion would overflow).
-        stack: list[tuple[int, int, bool]] = [(root, 0, False)]
-        while stack:
-            node_id, level, expanded = stack.pop()
-            kids = children[node_id]
-            if not expanded:
-                depth[node_id] = level
-                max_depth = max(max_depth, level)
-                stack.append((node_id, level, True))
-                stack.extend((kid, level + 1, False) for kid in reversed(kids))
-            elif kids:
-                column[node_id] = (column[kids[0]] + column[kids[-1]]) / 2
-            else:
-                column[node_id] = next_column
-                next_column += 1
-    if len(column) != len(children):
-        log.warning(
-            "tree panel: %d nodes are not reachable from a root and are not drawn",
-            len(children) - len(column),
-        )
-    centres = {
-        node_id: (MARGIN + NODE_RADIUS + col * COLUMN_WIDTH,
-                  MARGIN + NODE_RADIUS + depth[node_id] * ROW_HEIGHT)
-        for node_id, col in column.items()
-    }
-    columns = max(next_column - 1, 0.0)
-    width = 2 * (MARGIN + NODE_RADIUS) + columns * COLUMN_WIDTH
-    height = 2 * (MARGIN + NODE_RADIUS) + max_depth * ROW_HEIGHT
-    return _Layout(centres, width, height)
 
 
 class NodeItem(QGraphicsEllipseItem):
@@ -387,7 +284,7 @@ class TreePanel(QGraphicsView):
         and only what changed is touched, so a call after a small change is cheap.
         """
         started = time.perf_counter()
-        _validate(nodes)
+        validate_nodes(nodes)
         layout = layout_tree(nodes)
         centres = layout.centres
         active = set(active_path)
@@ -533,16 +430,3 @@ class TreePanel(QGraphicsView):
         for edge in self._edges.values():
             self._style.apply_edge(edge)
         self.resetCachedContent()
-
-
-def _validate(nodes: Iterable[PanelNode]) -> None:
-    """Reject input the panel cannot draw, before the old drawing is dropped."""
-    seen: set[int] = set()
-    for node in nodes:
-        if node.id in seen:
-            raise ValueError(f"node {node.id} is listed twice")
-        seen.add(node.id)
-        if node.role not in ROLES:
-            raise ValueError(f"node {node.id}: unknown role {node.role!r}")
-        if node.checkpoint is not None and node.checkpoint not in CHECKPOINT_KINDS:
-            raise ValueError(f"node {node.id}: unknown checkpoint kind {node.checkpoint!r}")
