@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from PySide6.QtCore import QEvent, QModelIndex, Qt, Signal, Slot
@@ -32,6 +31,7 @@ from PySide6.QtGui import (
 )
 from PySide6.QtWidgets import QAbstractItemView, QListView, QMenu, QWidget
 
+from app.actions import Scope, make_actions
 from app.chat_editing import ChatEditing
 from app.chat_model import (
     ASSISTANT,
@@ -46,47 +46,6 @@ from app.message_delegate import MessageDelegate
 from app.message_editor import MessageEditor
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class _ActionSpec:
-    name: str
-    text: str
-    tip: str
-    keys: tuple[str, ...]
-
-
-_ACTIONS: tuple[_ActionSpec, ...] = (
-    _ActionSpec(
-        "edit",
-        "&Edit",
-        "Edit this message in place (the original is kept as a version)",
-        ("Ctrl+E", "F2"),
-    ),
-    _ActionSpec("regenerate", "&Regenerate", "Write a new version of this reply", ("Ctrl+R",)),
-    _ActionSpec(
-        "rewind",
-        "Re&wind here",
-        "End the conversation at this message (later messages stay in the tree)",
-        ("Ctrl+Backspace",),
-    ),
-    _ActionSpec(
-        "fork",
-        "&Fork from here",
-        "Start a new conversation that shares everything up to this message",
-        ("Ctrl+Shift+F",),
-    ),
-    _ActionSpec(
-        "copy", "&Copy text", "Copy this message's text to the clipboard", ("Ctrl+Shift+C",)
-    ),
-    _ActionSpec(
-        "delete", "&Delete branch", "Delete this message and everything after it", ("Delete",)
-    ),
-    _ActionSpec(
-        "previous_variant", "&Previous version", "Show the previous version", ("Alt+Left",)
-    ),
-    _ActionSpec("next_variant", "&Next version", "Show the next version", ("Alt+Right",)),
-)
 
 
 class ChatView(TailFollowingView):
@@ -142,25 +101,12 @@ class ChatView(TailFollowingView):
         self._edits.cancelled.connect(self.edit_cancelled)
 
         self._delegate.variant_requested.connect(self.variant_requested)
-        self._actions: dict[str, QAction] = {}
-        for spec in _ACTIONS:
-            action = QAction(spec.text, self)
-            action.setObjectName(f"chat_{spec.name}_action")
-            action.setShortcuts([QKeySequence(key) for key in spec.keys])
-            action.setShortcutContext(Qt.ShortcutContext.WidgetWithChildrenShortcut)
-            shortcut = spec.keys[0]
-            action.setToolTip(f"{spec.tip} ({QKeySequence(shortcut).toString()})")
-            action.setStatusTip(spec.tip)
-            self.addAction(action)
-            self._actions[spec.name] = action
-        self.edit_action.triggered.connect(self._on_edit)
-        self.regenerate_action.triggered.connect(self._on_regenerate)
-        self.rewind_action.triggered.connect(self._on_rewind)
-        self.fork_action.triggered.connect(self._on_fork)
-        self.copy_action.triggered.connect(self._on_copy)
-        self.delete_action.triggered.connect(self._on_delete)
-        self.previous_variant_action.triggered.connect(self._on_previous_variant)
-        self.next_variant_action.triggered.connect(self._on_next_variant)
+        self._actions = make_actions(Scope.CHAT, self, {
+            "edit": self._on_edit, "regenerate": self._on_regenerate, "rewind": self._on_rewind,
+            "fork": self._on_fork, "copy": self._on_copy, "delete": self._on_delete,
+            "previous_variant": self._on_previous_variant, "next_variant": self._on_next_variant,
+        })
+        self.addActions(list(self._actions.values()))
 
         self.selectionModel().currentChanged.connect(self._on_current_changed)
         self._chat_model.modelReset.connect(self.update_actions)
@@ -183,6 +129,11 @@ class ChatView(TailFollowingView):
     def delegate(self) -> MessageDelegate:
         """The view's delegate."""
         return self._delegate
+
+    @property
+    def actions_by_name(self) -> dict[str, QAction]:
+        """The chat's actions (app.actions, Scope.CHAT), by name."""
+        return dict(self._actions)
 
     def action(self, name: str) -> QAction:
         """One of: edit, regenerate, rewind, fork, copy, delete, previous_variant, next_variant."""

@@ -38,7 +38,7 @@ def main() -> int:
         QMessageBox.warning(window, "Arbor", f"Your settings were not used.\n\n{loaded.problem}")
     model = startup_model(loaded.settings.model)
     if model is not None:
-        window.load_model(str(model))
+        window.models.load_model(str(model))
     else:
         QMessageBox.warning(window, "Arbor", "No model found: open a GGUF file (Ctrl+O).")
     return app.exec()

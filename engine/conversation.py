@@ -12,7 +12,9 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass, field
 
-from engine.tree import Node, Role, Tree, TreeError
+from engine.params import FinishReason
+from engine.reply import Rendered, ReplyResult
+from engine.tree import Node, NodeStatus, Role, Tree, TreeError
 
 
 @dataclass(frozen=True)
@@ -38,6 +40,17 @@ class Change:
     deleted: tuple[int, ...] = ()
     reply: ReplyJob | None = None
     undo: DeletedBranch | None = None  # a delete: how to take it back
+
+
+@dataclass(frozen=True)
+class ReplyStart:
+    """A reply job under way: the reply node (streaming, to persist now), what to prepare."""
+
+    reply: Node
+    path: tuple[Node, ...]  # root .. the message being answered
+    resume: Node | None  # the reply being continued, or None for a new one
+    was: NodeStatus  # the continued reply's status before, to put back if nothing comes
+    was_text: str = ""  # the continued reply's text before
 
 
 @dataclass
@@ -103,6 +116,72 @@ class Conversation:
         root.text = text
         root.tokens = None
         return Change(nodes=(root,))
+
+    # --- a reply's lifetime (the model's half runs in engine.reply) -------------------------
+
+    def start_reply(self, job: ReplyJob) -> ReplyStart:
+        """The reply exists, streaming, before its prompt is prepared: persist it, then run
+        the job on `path` (and `resume`)."""
+        path = tuple(self.tree.path_to(job.parent))
+        if job.resume is None:
+            reply = self.tree.add_child(job.parent, Role.ASSISTANT, "",
+                                        status=NodeStatus.STREAMING)
+            return ReplyStart(reply, path, None, NodeStatus.STREAMING)
+        resume = self.tree.node(job.resume)
+        was, resume.status = resume.status, NodeStatus.STREAMING
+        return ReplyStart(resume, path, resume, was, resume.text)
+
+    def finish_reply(self, reply_id: int, result: ReplyResult) -> Change:
+        """A reply came back: its text, tokens and status; path nodes rendered for it keep
+        their tokens. A stopped reply that said nothing leaves no empty node behind."""
+        changed = self.adopt_tokens(result.rendered)
+        reply = self.tree.node(reply_id)
+        if result.finish is FinishReason.CANCELLED and not result.text:
+            return Change(nodes=tuple(changed), deleted=tuple(self.tree.delete_branch(reply_id)))
+        reply.text = result.text
+        reply.tokens = result.tokens
+        reply.meta.update(dict(result.meta))
+        reply.meta["finish"] = result.finish.value
+        reply.status = (NodeStatus.INTERRUPTED if result.finish is FinishReason.CANCELLED
+                        else NodeStatus.COMPLETE)
+        return Change(nodes=(*changed, reply))
+
+    def fail_reply(self, start: ReplyStart) -> Change:
+        """A reply that failed or was stopped before it finished: kept as interrupted if it
+        says anything (it can be continued), else taken back (a continued reply gets its old
+        status again)."""
+        reply = start.reply
+        if reply.id not in self.tree:
+            return Change()
+        if start.resume is None and not reply.text:
+            return Change(deleted=tuple(self.tree.delete_branch(reply.id)))
+        reply.status = start.was if reply.text == start.was_text else NodeStatus.INTERRUPTED
+        return Change(nodes=(reply,))
+
+    def adopt_tokens(self, rendered: Rendered) -> list[Node]:
+        """Nodes that still have no tokens take the ones the engine rendered for them (the
+        prefix of a path never changes after that); all of them are returned, to persist (an
+        engine on this thread has set them in place already)."""
+        changed: list[Node] = []
+        for node_id, tokens in rendered:
+            node = self.tree.node(node_id) if node_id in self.tree else None
+            if node is not None and node.tokens in (None, tokens):  # set in place, or not yet
+                node.tokens = tokens
+                changed.append(node)
+        return changed
+
+    def warm_path(self, editing: int | None = None) -> list[Node]:
+        """What the next prompt will most likely start with, to prepare while the user reads:
+        the parent of the message being edited, or the active branch (its last reply is then
+        decoded again in one batch). Nothing when the branch ends in an unfinished reply (it
+        is continued from its own open tokens)."""
+        if editing is not None and editing in self.tree:
+            parent = self.tree.node(editing).parent
+            return self.tree.path_to(parent) if parent is not None else []
+        path = self.tree.active_path()
+        if any(node.status is not NodeStatus.COMPLETE for node in path):
+            return []
+        return path
 
     # --- navigation -------------------------------------------------------------------------
 

@@ -78,3 +78,18 @@ class CheckpointOptions:
     ram_budget: int | None = None  # bytes; None = the default from the machine's memory
     disk_dir: Path | None = None  # the disk tier; None = RAM only
     disk_budget: int = 8 << 30
+
+
+class Source(StrEnum):
+    """Where the state a prompt was prepared from came from."""
+
+    LIVE = "live"  # the live cache held a usable prefix
+    CHECKPOINT = "checkpoint"  # a saved state was restored
+    NONE = "none"  # decoded from scratch
+
+
+class FinishReason(StrEnum):
+    STOP = "stop"  # the model produced an end-of-generation token
+    LENGTH = "length"  # max_tokens reached
+    CONTEXT_FULL = "context_full"  # no room left in the context
+    CANCELLED = "cancelled"

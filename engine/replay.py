@@ -177,11 +177,19 @@ def _store_report(store: CheckpointStore | None, options: CheckpointOptions) -> 
     }
 
 
-def _step_dict(report: StepReport) -> dict[str, Any]:
-    out = asdict(report)
-    for key in ("prefill_ms", "ttft_ms"):
-        if out[key] is not None:
-            out[key] = round(out[key], 2)
+# The figures of a step in the report, in this order; None where the step ran no model.
+_FIGURES = ("prompt_tokens", "reused_tokens", "decoded_tokens", "source", "checkpoint_pos",
+            "prefill_ms", "ttft_ms", "generated_tokens", "decode_ms")
+
+
+def _step_dict(step: StepReport) -> dict[str, Any]:
+    figures = asdict(step.report) if step.report is not None else {}
+    out: dict[str, Any] = {"op": step.op, "node_id": step.node_id}
+    for key in _FIGURES:
+        value = figures.get(key)
+        out[key] = round(value, 2) if isinstance(value, float) else value
+    out["text"] = step.text
+    out["finish"] = figures.get("finish")
     for key in ("source", "finish"):
         if out[key] is not None:
             out[key] = str(out[key])

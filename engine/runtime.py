@@ -16,7 +16,6 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 
 import numpy as np
@@ -32,7 +31,7 @@ from engine.llama import (
     supports_gpu_offload,
 )
 from engine.model import MemoryKind, file_sha256
-from engine.params import RuntimeSettings
+from engine.params import FinishReason, RuntimeSettings, Source
 from engine.schedule import CPU_GRID, GPU_GRID, Schedule, decode_schedule
 
 log = logging.getLogger(__name__)
@@ -45,21 +44,6 @@ CancelFn = Callable[[], bool]
 # (prompt tokens, tokens reused, where they came from, the checkpoint's last position or None),
 # called once the plan is fixed and before decoding starts: what the progress bar says.
 PlanFn = Callable[[int, int, "Source", int | None], None]
-
-
-class Source(StrEnum):
-    """Where the state a prompt was prepared from came from."""
-
-    LIVE = "live"  # the live cache held a usable prefix
-    CHECKPOINT = "checkpoint"  # a saved state was restored
-    NONE = "none"  # decoded from scratch
-
-
-class FinishReason(StrEnum):
-    STOP = "stop"  # the model produced an end-of-generation token
-    LENGTH = "length"  # max_tokens reached
-    CONTEXT_FULL = "context_full"  # no room left in the context
-    CANCELLED = "cancelled"
 
 
 @dataclass(frozen=True)

@@ -12,20 +12,13 @@ from dataclasses import dataclass, replace
 from typing import Protocol
 
 from engine.checkpoints import DEFAULT_INTERVAL, CheckpointStore
-from engine.conversation import Change, Conversation
+from engine.conversation import Change, Conversation, ReplyJob
 from engine.errors import Cancelled
 from engine.generator import Generator
 from engine.params import SamplingParams
-from engine.runtime import (
-    CancelFn,
-    FinishReason,
-    Generation,
-    PrepareReport,
-    ProgressFn,
-    Runtime,
-    Source,
-)
-from engine.tree import Node, NodeStatus, Role, Tree, TreeError
+from engine.reply import ReplyReport, rendered, run_reply
+from engine.runtime import CancelFn, ProgressFn, Runtime
+from engine.tree import Node, Role, Tree, TreeError
 
 log = logging.getLogger(__name__)
 
@@ -46,20 +39,13 @@ class Sink(Protocol):
 
 @dataclass(frozen=True)
 class StepReport:
-    """What one operation did. Prompt fields are None when the step ran no model."""
+    """What one operation did: `report` says what the engine did (None: no model ran), and
+    `text` is what a reply said (for a continued reply, what it added)."""
 
     op: str
     node_id: int | None = None
-    prompt_tokens: int | None = None
-    reused_tokens: int | None = None
-    decoded_tokens: int | None = None
-    source: Source | None = None
-    checkpoint_pos: int | None = None
-    prefill_ms: float | None = None
-    ttft_ms: float | None = None
-    generated_tokens: int | None = None
     text: str | None = None
-    finish: FinishReason | None = None
+    report: ReplyReport | None = None
 
 
 @dataclass
@@ -144,20 +130,16 @@ class Session:
         return self._apply("activate", self.conversation.activate(node_id))
 
     def warm(self) -> StepReport:
-        """What the app does while the user reads: prepare the active branch, so the next
-        message decodes only itself (see Generator.warm)."""
-        path = self.tree.active_path()
-        untokenized = [node for node in path if node.tokens is None]
+        """What the app does while the user reads: prepare the likely next prompt, so the
+        next message decodes only itself (see Generator.warm)."""
+        path = self.conversation.warm_path()
+        untokenized = {node.id for node in path if node.tokens is None}
         report = self.generator.warm(path)
-        self._keep([node for node in untokenized if node.tokens is not None])
+        self._keep(self.conversation.adopt_tokens(rendered(path, untokenized)))
         if report is None:
-            return StepReport(op="warm", node_id=self.tree.active_leaf, decoded_tokens=0)
-        return StepReport(
-            op="warm", node_id=self.tree.active_leaf, prompt_tokens=report.prompt_tokens,
-            reused_tokens=report.reused_tokens, decoded_tokens=report.decoded_tokens,
-            source=report.source, checkpoint_pos=report.checkpoint_pos,
-            prefill_ms=report.prefill_ms,
-        )
+            return StepReport(op="warm", node_id=self.tree.active_leaf)
+        return StepReport(op="warm", node_id=self.tree.active_leaf,
+                          report=ReplyReport.of_prepare(report))
 
     def rewind(self, node_id: int) -> StepReport:
         return self._apply("rewind", self.conversation.rewind(node_id), node_id=node_id)
@@ -214,49 +196,21 @@ class Session:
             if node_id is None:
                 node_id = change.nodes[-1].id if change.nodes else self.tree.active_leaf
             return StepReport(op=op, node_id=node_id, text=text)
-        resume = self.tree.node(job.resume) if job.resume is not None else None
-        return self._reply(op, options or GenerationOptions(), resume=resume)
+        return self._reply(op, job, options or GenerationOptions())
 
-    def _reply(
-        self, op: str, options: GenerationOptions, *, resume: Node | None = None
-    ) -> StepReport:
-        """Prepare the prompt and generate: a new reply as the active leaf, or more of
-        `resume`'s text. As in the window, the reply exists (streaming, saved) before the
-        prompt is prepared; a prepare that fails takes it back."""
-        path = self.tree.active_path() if resume is None else self.tree.path_to(
-            resume.parent if resume.parent is not None else resume.id
-        )
-        untokenized = [node for node in path if node.tokens is None]
+    def _reply(self, op: str, job: ReplyJob, options: GenerationOptions) -> StepReport:
+        """Run a reply job (engine.reply) and apply its result through the conversation
+        core, as the window does: the reply exists (streaming, saved) before the prompt is
+        prepared; a failure keeps what it said as interrupted, or takes it back."""
         seed = self.conversation.reply_seed(self.seed)
         if options.seed is not None:
             seed = options.seed
-        if resume is None:
-            reply = self.tree.add_child(path[-1].id, Role.ASSISTANT, "",
-                                        status=NodeStatus.STREAMING)
-            was = NodeStatus.STREAMING
-        else:
-            reply, was = resume, resume.status
-            reply.status = NodeStatus.STREAMING
+        start = self.conversation.start_reply(job)
+        reply = start.reply
         self._keep([reply])
-        try:
-            prepared = self.generator.prepare(
-                path, resume=resume, on_progress=options.on_progress, cancel=options.cancel
-            )
-        except BaseException:
-            if resume is None:
-                self._keep([], deleted=self.tree.delete_branch(reply.id))
-            else:
-                reply.status = was
-                self._keep([reply])
-            raise
-        # The tokens a node got now are the ones it keeps (its prefix must never change):
-        # saved at once, as the window saves them.
-        self._keep([node for node in untokenized if node.tokens is not None])
-        before, base_text = list(prepared.before), prepared.base_text
-        produced: list[int] = list(before)
+        untokenized = [node for node in start.path if node.tokens is None]
 
-        def on_token(token: int, piece: str) -> None:
-            produced.append(token)
+        def on_piece(piece: str) -> None:
             reply.text += piece
             if self.sink is not None:
                 self.sink.streaming(reply)
@@ -264,66 +218,26 @@ class Session:
                 options.on_text(piece)
 
         try:
-            generation = self.generator.generate(
-                max_tokens=options.max_tokens, seed=seed, on_token=on_token,
+            result = run_reply(
+                self.generator, start.path, resume=start.resume, max_tokens=options.max_tokens,
+                seed=seed, on_progress=options.on_progress, on_piece=on_piece,
                 cancel=options.cancel,
             )
         except BaseException:
-            self._finish_reply(reply, path, None, produced, base_text)
+            # Tokens rendered before the failure are the nodes' own from now on: keep them.
+            rendered_now = [node for node in untokenized if node.tokens is not None]
+            failed = self.conversation.fail_reply(start)
+            self._keep([*rendered_now, *failed.nodes], deleted=failed.deleted)
             raise
-        self._finish_reply(reply, path, generation, [*before, *generation.tokens], base_text)
+        finished = self.conversation.finish_reply(reply.id, result)
+        self._keep(list(finished.nodes), deleted=finished.deleted)
         self.generator.after_reply()
-        return _report(op, reply, prepared.report, generation)
-
-    def _finish_reply(
-        self,
-        reply: Node,
-        path: list[Node],
-        generation: Generation | None,
-        generated: list[int] | tuple[int, ...],
-        base_text: str = "",
-    ) -> None:
-        if generation is None or generation.finish is FinishReason.CANCELLED:
-            if not reply.text and not base_text:
-                # Nothing was said: leave no empty reply behind.
-                self._keep([], deleted=self.tree.delete_branch(reply.id))
-                return
-            reply.status = NodeStatus.INTERRUPTED
-        else:
-            reply.status = NodeStatus.COMPLETE
-        if generation is not None:
-            reply.text = base_text + generation.text
-        finished = self.generator.reply_tokens(path, generated, reply.text)
-        reply.tokens = finished.tokens
-        reply.meta.update(finished.meta())
-        reply.meta["finish"] = (
-            generation.finish.value if generation is not None else FinishReason.CANCELLED.value
-        )
-        self._keep([reply])
+        return StepReport(op=op, node_id=reply.id, text=result.text[len(start.was_text):],
+                          report=result.report)
 
     def _keep(self, nodes: Sequence[Node], deleted: Sequence[int] = ()) -> None:
         if self.sink is not None:
             self.sink.action(self.tree, nodes, deleted)
-
-
-def _report(op: str, reply: Node, prepared: PrepareReport, generation: Generation) -> StepReport:
-    ttft = None
-    if generation.ttft_ms is not None:
-        ttft = prepared.prefill_ms + generation.ttft_ms
-    return StepReport(
-        op=op,
-        node_id=reply.id,
-        prompt_tokens=prepared.prompt_tokens,
-        reused_tokens=prepared.reused_tokens,
-        decoded_tokens=prepared.decoded_tokens,
-        source=prepared.source,
-        checkpoint_pos=prepared.checkpoint_pos,
-        prefill_ms=prepared.prefill_ms,
-        ttft_ms=ttft,
-        generated_tokens=len(generation.tokens),
-        text=generation.text,
-        finish=generation.finish,
-    )
 
 
 __all__ = ["Cancelled", "GenerationOptions", "Session", "StepReport"]

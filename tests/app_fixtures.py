@@ -51,14 +51,14 @@ def window(
     qtbot.addWidget(win)
     win.show()
     with qtbot.waitSignal(win.model_ready, timeout=TIMEOUT):
-        win.load_model(str(tiny_models["dense"]))
+        win.models.load_model(str(tiny_models["dense"]))
     yield win
     win.close()
-    assert not win._thread.isRunning()
+    assert not win.engine.running
     main = threading.get_ident()
     assert engine_calls, "the test should have run the engine"
     assert all(ident != main for ident in engine_calls), "llama.cpp called from the GUI thread"
-    assert set(engine_calls) == {win.worker.engine_thread_ident}
+    assert set(engine_calls) == {win.engine.engine_thread_ident}
     # Destroy it now: a window left for the garbage collector still answers app-wide
     # signals (a theme change repaints its icons) in the tests that follow.
     win.deleteLater()

@@ -11,13 +11,14 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QKeySequence
 from pytestqt.qtbot import QtBot
 
-from app.main_window import MainWindow, global_id
-from app.messages import Warmed
+from app.main_window import MainWindow
 from app.model_picker import Column, ModelPicker
+from app.replies import global_id
 from app.settings_dialog import SettingsDialog
 from engine.generator import Generator
 from engine.llama import FlashAttention
 from engine.paths import data_dirs
+from engine.protocol import Warmed
 from engine.settings import Effect, Settings, load_settings
 from engine.store import Store, StoreWriteError
 from engine.transfer import FileFormat
@@ -43,7 +44,8 @@ def test_after_a_reply_the_engine_warms_the_branch_and_send_decodes_only_the_new
     leaf = tree.node(tree.active_leaf)
     assert leaf.role is Role.ASSISTANT
     assert warmed.last_node == global_id(window.current or 0, leaf.id)
-    assert warmed.decoded_tokens >= 2  # the reply, decoded again in one batch
+    assert warmed.report is not None
+    assert warmed.report.decoded_tokens >= 2  # the reply, decoded again in one batch
     before = sum(len(node.tokens or ()) for node in tree.path_to(leaf.id))
     assert warmed.prompt_tokens == before
     assert window.progress_label.text().startswith("Ready:")
@@ -55,7 +57,7 @@ def test_after_a_reply_the_engine_warms_the_branch_and_send_decodes_only_the_new
     assert window.tree_panel.node_item(leaf.id).toolTip().count("checkpoint") >= 1
 
     send(qtbot, window, "And lakes?")
-    done = window.last_reply
+    done = window.replies.last_reply
     assert done is not None and done.source == "live"
     assert done.reused_tokens == before  # everything up to the new message was ready
     user = window.tree.node(window.tree.node(window.tree.active_leaf).parent or 0)
@@ -71,11 +73,11 @@ def test_starting_an_edit_warms_the_prefix_before_the_edited_message(
     _wait_warm(qtbot, window)
     second_user = window.tree.message(2)
     with qtbot.waitSignal(window.warmed, timeout=TIMEOUT) as blocker:
-        window._on_edit_started(second_user.id)
+        window.replies.start_editing(second_user.id)
     assert blocker.args[0].last_node == global_id(window.current or 0, second_user.parent or 0)
-    window.edit(second_user.id, "A better second question")
-    qtbot.waitUntil(lambda: window._streaming is None, timeout=TIMEOUT)
-    done = window.last_reply
+    window.controller.edit(second_user.id, "A better second question")
+    qtbot.waitUntil(lambda: window.replies.streaming is None, timeout=TIMEOUT)
+    done = window.replies.last_reply
     assert done is not None and done.source == "live"
     assert done.reused_tokens == sum(
         len(n.tokens or ()) for n in window.tree.path_to(second_user.parent or 0))
@@ -86,13 +88,14 @@ def test_a_context_setting_reloads_the_model_says_so_and_is_saved(
 ) -> None:
     send(qtbot, window, "Hello")
     with qtbot.waitSignal(window.model_ready, timeout=TIMEOUT):
-        effect = window.apply_settings(replace(window.settings, n_ctx=2048))
+        effect = window.models.apply_settings(replace(window.settings, n_ctx=2048))
         assert effect is Effect.INVALIDATE
         assert "checkpoints do not fit" in window.statusBar().currentMessage()
     assert "ctx 2048" in window.status_model.text()
     assert load_settings().settings.n_ctx == 2048
     send(qtbot, window, "Still there?")  # the new context answers
-    assert window.last_reply is not None and window.last_reply.source != "checkpoint"
+    done = window.replies.last_reply
+    assert done is not None and done.source != "checkpoint"
 
 
 def test_sampling_settings_apply_without_a_reload_and_a_fixed_seed_repeats_a_conversation(
@@ -101,17 +104,17 @@ def test_sampling_settings_apply_without_a_reload_and_a_fixed_seed_repeats_a_con
     """With a fixed seed the n-th reply of a conversation gets seed + n (the core's rule,
     as in replay): the same operations give the same replies, and a regenerate differs."""
     with qtbot.assertNotEmitted(window.model_ready, wait=200):
-        assert window.apply_settings(
+        assert window.models.apply_settings(
             replace(window.settings, temperature=1.2, seed=1234, max_tokens=12)
         ) is Effect.LIVE
     send(qtbot, window, "Say something")
     first = window.tree.node(window.tree.active_leaf)
-    window.regenerate(first.id)
-    qtbot.waitUntil(lambda: window._streaming is None, timeout=TIMEOUT)
+    window.controller.regenerate(first.id)
+    qtbot.waitUntil(lambda: window.replies.streaming is None, timeout=TIMEOUT)
     second = window.tree.node(window.tree.active_leaf)
     assert second.id != first.id and second.tokens != first.tokens
     assert len(second.tokens or ()) <= len(first.tokens or ()) + 1  # at most 12 generated
-    window.new_conversation()
+    window.controller.new_conversation()
     send(qtbot, window, "Say something")
     again = window.tree.node(window.tree.active_leaf)
     assert again.text == first.text  # the first reply of a conversation: seed 1234 + 0
@@ -169,7 +172,7 @@ def test_every_frequent_action_has_its_own_shortcut(qtbot: QtBot, tmp_path: Path
     win = MainWindow(store=Store(tmp_path / "c.db"))
     qtbot.addWidget(win)
     keys: dict[str, list[str]] = {}
-    for action in [*win.findChildren(type(win.action_new)), *win.chat.actions()]:
+    for action in [*win.actions_by_name.values(), *win.chat.actions()]:
         for sequence in action.shortcuts():
             keys.setdefault(sequence.toString(), []).append(action.text())
     clashes = {k: sorted(set(v)) for k, v in keys.items() if len(set(v)) > 1}
@@ -190,10 +193,10 @@ def test_the_system_prompt_is_per_conversation_and_saved(
     qtbot: QtBot, window: MainWindow
 ) -> None:
     first = window.current
-    window.set_system_prompt("Answer in French.")
-    window.new_conversation()
+    window.controller.set_system_prompt("Answer in French.")
+    window.controller.new_conversation()
     assert window.tree.root.text == ""
-    window.open_conversation(first or 0)
+    window.controller.open_conversation(first or 0)
     assert window.tree.root.text == "Answer in French."
     assert window.store.load(first or 0).root.text == "Answer in French."
     send(qtbot, window, "Hello")
@@ -201,7 +204,7 @@ def test_the_system_prompt_is_per_conversation_and_saved(
 
 
 def _long_replies(window: MainWindow) -> None:
-    window.apply_settings(replace(window.settings, max_tokens=2048))
+    window.models.apply_settings(replace(window.settings, max_tokens=2048))
 
 
 def test_a_reply_streams_into_its_own_conversation_while_another_is_open(
@@ -213,15 +216,15 @@ def test_a_reply_streams_into_its_own_conversation_while_another_is_open(
     window.composer.setPlainText("Tell me a long story")
     with qtbot.waitSignal(window.text_shown, timeout=TIMEOUT):
         qtbot.keyClick(window.composer, Qt.Key.Key_Return)
-    window.new_conversation()  # browse elsewhere while it answers
+    window.controller.new_conversation()  # browse elsewhere while it answers
     second = window.current
     assert second != first and window.chat.model().rowCount() == 0
     marked = [window.sidebar.list.item(i).text() for i in range(window.sidebar.list.count())]
     assert any(text.endswith("●") for text in marked)  # the answering one is marked
-    window.stop()
-    qtbot.waitUntil(lambda: window._streaming is None, timeout=TIMEOUT)
+    window.replies.stop()
+    qtbot.waitUntil(lambda: window.replies.streaming is None, timeout=TIMEOUT)
     assert window.current == second and window.chat.model().rowCount() == 0
-    tree = window.conversations[first].tree
+    tree = window.controller.conversations[first].tree
     reply = tree.node(tree.active_leaf)
     assert reply.role is Role.ASSISTANT and reply.text
     assert window.store.load(first).node(reply.id).text == reply.text
@@ -239,10 +242,10 @@ def test_an_edit_sent_during_a_reply_stops_it_and_is_answered(
         qtbot.keyClick(window.composer, Qt.Key.Key_Return)
     interrupted = window.tree.node(window.tree.active_leaf)
     first = window.tree.message(0)
-    window.apply_settings(replace(window.settings, max_tokens=16))
+    window.models.apply_settings(replace(window.settings, max_tokens=16))
     with qtbot.waitSignal(window.reply_finished, timeout=TIMEOUT):
-        window.edit(first.id, "First question, edited")  # not lost, not refused
-    qtbot.waitUntil(lambda: window._streaming is None, timeout=TIMEOUT)
+        window.controller.edit(first.id, "First question, edited")  # not lost, not refused
+    qtbot.waitUntil(lambda: window.replies.streaming is None, timeout=TIMEOUT)
     assert interrupted.status.value == "interrupted"
     tree = window.tree
     assert tree.message(0).text == "First question, edited"
@@ -259,8 +262,8 @@ def test_a_session_file_carries_its_checkpoints_to_another_installation(
     send(qtbot, window, "Tell me about rivers, at length, please.")
     _wait_warm(qtbot, window)
     out = tmp_path / "rivers.arbor"
-    with qtbot.waitSignal(window.export_finished, timeout=TIMEOUT) as exported:
-        window.export_current(out, FileFormat.NATIVE)
+    with qtbot.waitSignal(window.files.export_finished, timeout=TIMEOUT) as exported:
+        window.files.export_current(out, FileFormat.NATIVE)
     done = exported.args[0]
     assert done.error is None and done.checkpoints >= 1
     texts = [n.text for n in window.tree.messages()]
@@ -275,24 +278,24 @@ def test_a_session_file_carries_its_checkpoints_to_another_installation(
     other = MainWindow(store=Store(other_home / "c.db"), settings=window.settings)
     qtbot.addWidget(other)
     with qtbot.waitSignal(other.model_ready, timeout=TIMEOUT):
-        other.load_model(str(tiny_models["dense"]))
-    with qtbot.waitSignal(other.import_finished, timeout=TIMEOUT) as imported:
-        other.import_path(out)
+        other.models.load_model(str(tiny_models["dense"]))
+    with qtbot.waitSignal(other.files.import_finished, timeout=TIMEOUT) as imported:
+        other.files.import_path(out)
     assert len(imported.args[0]) == 1
     assert "with " in other.statusBar().currentMessage()
     assert [n.text for n in other.tree.messages()] == texts
-    other.new_conversation()  # keep the warm-up away from the imported branch
-    other.open_conversation(imported.args[0][0])
-    other._warm_timer.stop()
-    other.worker.preempt()
+    other.controller.new_conversation()  # keep the warm-up away from the imported branch
+    other.controller.open_conversation(imported.args[0][0])
+    other.replies._warm_timer.stop()
+    other.engine.control.preempt()
     before = sum(len(n.tokens or ()) for n in other.tree.active_path())
     assert before > 0
     send(qtbot, other, "And lakes?")
-    assert other.last_reply is not None and other.last_reply.source == "checkpoint"
-    assert other.last_reply.reused_tokens == before  # the whole imported branch
+    assert other.replies.last_reply is not None and other.replies.last_reply.source == "checkpoint"
+    assert other.replies.last_reply.reused_tokens == before  # the whole imported branch
     other.close()
     # The second window's engine thread is its own; the fixture checks the first one's.
-    ident = other.worker.engine_thread_ident
+    ident = other.engine.engine_thread_ident
     assert ident is not None and ident != threading.get_ident() and ident in engine_calls
     engine_calls[:] = [call for call in engine_calls if call != ident]
 
@@ -313,7 +316,7 @@ def test_an_internal_error_during_a_reply_is_reported_and_the_window_recovers(
     with qtbot.waitSignal(window.reply_finished, timeout=TIMEOUT):
         qtbot.keyClick(window.composer, Qt.Key.Key_Return)
     assert len(shown) == 1 and "internal error" in shown[0] and "Traceback" not in shown[0]
-    assert window._streaming is None and window.send_button.text() == "Send"
+    assert window.replies.streaming is None and window.send_button.text() == "Send"
     assert [m.role for m in window.tree.messages()] == [Role.USER]  # no empty reply kept
     monkeypatch.setattr(Generator, "generate", original)  # the engine_calls watch stays
     send(qtbot, window, "Hello again")  # the engine still answers
@@ -338,9 +341,9 @@ def test_a_message_the_store_refuses_leaves_the_window_as_saved(
     before = [n.text for n in window.tree.messages()]
     window.composer.setPlainText("This will not fit")
     qtbot.keyClick(window.composer, Qt.Key.Key_Return)
-    window.edit(window.tree.message(0).id, "Neither will this")
+    window.controller.edit(window.tree.message(0).id, "Neither will this")
     assert shown == ["the disk is full; nothing was saved"] * 2
-    assert window._streaming is None
+    assert window.replies.streaming is None
     assert [n.text for n in window.tree.messages()] == before
     assert window.chat.model().rowCount() == len(before)
     assert window.composer.toPlainText() == "This will not fit"
@@ -357,10 +360,11 @@ def test_a_store_error_anywhere_leaves_the_window_consistent_with_one_message(
     send(qtbot, window, "Hello there.")
     first = window.current
     assert first is not None
-    window.new_conversation()
+    window.controller.new_conversation()
     second = window.current
     assert second is not None and second != first
-    window.conversations.pop(first)  # not loaded yet in this window: opening it reads the store
+    # Not loaded yet in this window: opening it reads the store.
+    window.controller.conversations.pop(first)
     shown: list[str] = []
     monkeypatch.setattr("app.main_window.QMessageBox.warning",
                         lambda _parent, _title, text: shown.append(text))
@@ -371,27 +375,28 @@ def test_a_store_error_anywhere_leaves_the_window_consistent_with_one_message(
         raise StoreWriteError("could not save the conversation: the disk is full")
 
     monkeypatch.setattr(Store, failing, broken)
-    before = (window.current, dict(window.conversations))
+    before = (window.current, dict(window.controller.conversations))
     if failing == "create":
-        window.new_conversation()
+        window.controller.new_conversation()
     elif failing == "load":
-        window.open_conversation(first)
+        window.controller.open_conversation(first)
     elif failing == "rename":
         window._rename(second)
     elif failing == "delete":
-        window.delete_conversation(second)
+        window.controller.delete_conversation(second)
     elif failing == "fork":
-        window.fork(window.tree.active_leaf)
+        window.controller.fork(window.tree.active_leaf)
     elif failing == "save":
         window.composer.setPlainText("Not saved")
         qtbot.keyClick(window.composer, Qt.Key.Key_Return)
     assert shown == ["could not save the conversation: the disk is full"]
-    assert (window.current, dict(window.conversations)) == before
-    assert all(isinstance(c.tree, type(window.tree)) for c in window.conversations.values())
+    assert (window.current, dict(window.controller.conversations)) == before
+    opened = window.controller.conversations.values()
+    assert all(isinstance(c.tree, type(window.tree)) for c in opened)
     monkeypatch.undo()  # the store works again: the window goes on as if nothing happened
-    window.open_conversation(first)
+    window.controller.open_conversation(first)
     assert window.current == first and window.tree.messages()[0].text == "Hello there."
-    window.new_conversation()
+    window.controller.new_conversation()
     assert isinstance(window.current, int) and window.current not in (first, second)
 
 
@@ -407,15 +412,15 @@ def test_the_tokens_a_warm_up_renders_are_kept_and_saved(
     tree.add_child(tree.active_leaf, Role.ASSISTANT, "Where a river meets the sea.")
     cid = window.store.create(tree, title="Imported")
     with qtbot.waitSignal(window.warmed, timeout=TIMEOUT) as blocker:
-        window.open_conversation(cid)
+        window.controller.open_conversation(cid)
     warmed = blocker.args[0]
-    assert isinstance(warmed, Warmed) and len(warmed.node_tokens) == 3
+    assert isinstance(warmed, Warmed) and len(warmed.rendered) == 3
     kept = [node.tokens for node in window.tree.active_path()]
     assert all(kept)
     assert [n.tokens for n in window.store.load(cid).active_path()] == kept
     send(qtbot, window, "And an estuary?")
     path = window.tree.active_path()
     assert [n.tokens for n in path[:3]] == kept
-    done = window.last_reply
+    done = window.replies.last_result
     assert done is not None  # only the new message was rendered by the request
-    assert [key for key, _ in done.node_tokens] == [global_id(cid, path[3].id)]
+    assert [key for key, _ in done.rendered] == [global_id(cid, path[3].id)]

@@ -62,8 +62,8 @@ def window(qtbot: QtBot, tmp_path: Path) -> Iterator[MainWindow]:
     win.show()
     yield win
     win.close()
-    assert not win._thread.isRunning()
-    assert not win.importer.busy
+    assert not win.engine.running
+    assert not win.files.importer.busy
 
 
 @pytest.fixture
@@ -89,8 +89,8 @@ def test_an_imported_file_is_added_listed_and_opened(
 ) -> None:
     path = make_file(tmp_path)
     before = window.store.list()
-    with qtbot.waitSignal(window.import_finished, timeout=TIMEOUT) as finished:
-        assert window.import_path(path)
+    with qtbot.waitSignal(window.files.import_finished, timeout=TIMEOUT) as finished:
+        assert window.files.import_path(path)
         assert window.statusBar().currentMessage() == f"Reading {path.name}…"
     (ids,) = finished.args
     assert len(ids) == 1 and warnings == []
@@ -108,8 +108,8 @@ def test_a_rejected_file_leaves_the_store_unchanged(
     bad = tmp_path / "conversations.json"
     bad.write_bytes(b'[{"title": "Broken", "mapping": {}, "current_node": "x"}]')
     before, current = window.store.list(), window.current
-    with qtbot.waitSignal(window.import_finished, timeout=TIMEOUT) as finished:
-        window.import_path(bad)
+    with qtbot.waitSignal(window.files.import_finished, timeout=TIMEOUT) as finished:
+        window.files.import_path(bad)
     assert finished.args == [[]]
     assert window.store.list() == before and window.current == current
     assert len(warnings) == 1
@@ -139,8 +139,8 @@ def test_parsing_and_committing_run_off_the_gui_thread(
 
     _wrap_parse(monkeypatch, record_parse)
     monkeypatch.setattr(app.importer, "commit_import", commit)
-    with qtbot.waitSignal(window.import_finished, timeout=TIMEOUT) as finished:
-        window.import_path(_chatgpt_file(tmp_path))
+    with qtbot.waitSignal(window.files.import_finished, timeout=TIMEOUT) as finished:
+        window.files.import_path(_chatgpt_file(tmp_path))
     main = threading.get_ident()
     (ids,) = finished.args
     assert len(ids) == 1
@@ -157,8 +157,8 @@ def test_a_reply_streaming_in_the_window_is_not_marked_interrupted_by_an_import(
     user = tree.add_child(tree.active_leaf, Role.USER, "Hi")
     reply = tree.add_child(user.id, Role.ASSISTANT, "Hel", status=NodeStatus.STREAMING)
     window.store.save(cid, tree, [user, reply])
-    with qtbot.waitSignal(window.import_finished, timeout=TIMEOUT):
-        window.import_path(_chatgpt_file(tmp_path))
+    with qtbot.waitSignal(window.files.import_finished, timeout=TIMEOUT):
+        window.files.import_path(_chatgpt_file(tmp_path))
     with Store(window.store.path, recover=False) as other:
         saved = other.load(cid)
     assert saved.node(reply.id).status is NodeStatus.STREAMING
@@ -197,8 +197,8 @@ def _close_mid_import(
     qtbot.addWidget(win)
     before = win.store.list()
     finished: list[object] = []
-    win.import_finished.connect(finished.append)
-    assert win.import_path(_chatgpt_file(tmp_path))
+    win.files.import_finished.connect(finished.append)
+    assert win.files.import_path(_chatgpt_file(tmp_path))
     assert entered.wait(TIMEOUT / 1000)
     win.close()
     QCoreApplication.processEvents()  # anything still queued must find nothing to do
@@ -213,7 +213,7 @@ def test_closing_while_a_file_is_read_commits_nothing_and_ends_the_thread(
     # The parse is still blocked at the close: only the importer's cancel can free it.
     win, before, finished = _close_mid_import(qtbot, tmp_path, blocked.entered)
     assert blocked.saw_cancel == [True]
-    assert not win.importer.busy and not win._thread.isRunning()
+    assert not win.files.importer.busy and not win.engine.running
     assert finished == [] and warnings == []
     with Store(tmp_path / "c.db") as store:
         assert store.list() == before
@@ -236,7 +236,7 @@ def test_closing_during_the_commit_commits_nothing(
 
     monkeypatch.setattr(app.importer, "commit_import", commit)
     win, before, finished = _close_mid_import(qtbot, tmp_path, entered)
-    assert not win.importer.busy
+    assert not win.files.importer.busy
     assert finished == [] and warnings == []
     with Store(tmp_path / "c.db") as store:
         assert store.list() == before
@@ -250,14 +250,14 @@ def test_a_second_import_while_one_is_read_is_refused(
     _wrap_parse(monkeypatch, blocked.wrap)
     first = _chatgpt_file(tmp_path)
     second = _session_file(tmp_path)
-    with qtbot.waitSignal(window.import_finished, timeout=TIMEOUT) as finished:
-        assert window.import_path(first)
+    with qtbot.waitSignal(window.files.import_finished, timeout=TIMEOUT) as finished:
+        assert window.files.import_path(first)
         assert blocked.entered.wait(TIMEOUT / 1000)
-        assert not window.import_path(second)
+        assert not window.files.import_path(second)
         assert window.statusBar().currentMessage().startswith("Still reading conversations.json")
         blocked.release.set()
     assert len(finished.args[0]) == 1
     assert _titles(window.store.list()).count("Oaks") == 1  # the second file was not read
-    with qtbot.waitSignal(window.import_finished, timeout=TIMEOUT) as again:
-        assert window.import_path(second)  # free again once the first is done
+    with qtbot.waitSignal(window.files.import_finished, timeout=TIMEOUT) as again:
+        assert window.files.import_path(second)  # free again once the first is done
     assert len(again.args[0]) == 1

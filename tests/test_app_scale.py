@@ -141,7 +141,7 @@ def test_a_thousand_message_conversation_costs_what_is_on_screen(
         lambda _p, first, last: inserted.append((first, last)))
     counts["size"] = counts["layout"] = 0
     started = time.perf_counter()
-    win.switch_variant(late, 1)
+    win.controller.switch_variant(late, 1)
     _settle()
     timings["switch near the end"] = time.perf_counter() - started
     assert not resets
@@ -159,7 +159,7 @@ def test_a_thousand_message_conversation_costs_what_is_on_screen(
     first = users[0]
     counts["paint"] = 0
     started = time.perf_counter()
-    win.activate_node(first)
+    win.controller.activate_node(first)
     _settle()
     timings["jump to the top"] = time.perf_counter() - started
     counts["paint"] = 0

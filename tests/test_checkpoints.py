@@ -361,7 +361,7 @@ def test_a_damaged_or_foreign_disk_checkpoint_is_rejected_and_the_reply_stays_co
     session.tree.rewind(session.tree.message(2).id)
     report = session.regenerate(GenerationOptions(max_tokens=8))
     assert handed == []  # nothing damaged or foreign reached llama.cpp
-    assert report.source is Source.NONE
+    assert report.report is not None and report.report.source is Source.NONE
 
     reference = Session(runtime, system="S", sampling=GREEDY, seed=1, use_cache=False)
     reference.send("Tell me about oak trees.", GenerationOptions(max_tokens=8))

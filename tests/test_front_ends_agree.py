@@ -39,7 +39,7 @@ def _shape(tree: Tree) -> list[tuple[Any, ...]]:
 
 def _drive_window(qtbot: QtBot, win: MainWindow) -> None:
     def wait_reply() -> None:
-        qtbot.waitUntil(lambda: win._streaming is None, timeout=TIMEOUT)
+        qtbot.waitUntil(lambda: win.replies.streaming is None, timeout=TIMEOUT)
 
     for step in STEPS:
         messages = win.tree.messages()
@@ -47,22 +47,22 @@ def _drive_window(qtbot: QtBot, win: MainWindow) -> None:
         if op == "send":
             send(qtbot, win, step["text"])
         elif op == "edit":
-            win.edit(messages[step["message"]].id, step["text"])
+            win.controller.edit(messages[step["message"]].id, step["text"])
             wait_reply()
         elif op == "regenerate":
             target = messages[step["message"]] if "message" in step else messages[-1]
-            win.regenerate(target.id)
+            win.controller.regenerate(target.id)
             wait_reply()
         elif op == "switch":
-            win.switch_variant(messages[step["message"]].id, step["variant"])
+            win.controller.switch_variant(messages[step["message"]].id, step["variant"])
 
 
 def test_the_window_and_replay_build_the_same_tree_and_replies(
     qtbot: QtBot, window: MainWindow, tiny_models: dict[str, Path], tmp_path: Path
 ) -> None:
     settings = replace(window.settings, seed=7, temperature=0.7, max_tokens=12)
-    window.apply_settings(settings)
-    window.new_conversation()
+    window.models.apply_settings(settings)
+    window.controller.new_conversation()
     _drive_window(qtbot, window)
 
     sampling = settings.sampling()

@@ -39,7 +39,7 @@ def test_importing_every_engine_module_loads_no_qt_and_no_app() -> None:
 
 def test_the_check_would_notice_a_qt_import() -> None:
     """Guard against a check that cannot fail: importing app does pull in PySide6."""
-    code = "import sys, app.worker; print('PySide6' in sys.modules)"
+    code = "import sys, app.engine_client; print('PySide6' in sys.modules)"
     result = _python(code)
     assert result.stdout.strip() == "True"
 
@@ -47,9 +47,10 @@ def test_the_check_would_notice_a_qt_import() -> None:
 # Modules that run a model: they may load llama.cpp's native library. Everything else in the
 # engine (settings, scenarios, the store, files, the command line's other commands) and the
 # app's value and widget modules must not: they are read where no model is loaded.
-NATIVE = {"engine.llama", "engine.runtime", "engine.generator", "engine.session", "engine.replay"}
+NATIVE = {"engine.llama", "engine.runtime", "engine.generator", "engine.session", "engine.replay",
+          "engine.service"}
 NATIVE_FREE_APP = ["app.theme", "app.icons", "app.settings_dialog", "app.model_picker",
-                   "app.messages", "app.sidebar", "app.chat_model", "app.tree_panel",
+                   "app.actions", "app.sidebar", "app.chat_model", "app.tree_panel",
                    "app.importer"]
 
 

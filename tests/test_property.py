@@ -129,10 +129,10 @@ def test_random_tree_operations_never_change_a_reply(
             assert (mine is None) == (theirs is None)
             if mine is not None and theirs is not None:
                 assert mine.text == theirs.text, f"{op}: cached reply differs"
-                if mine.prompt_tokens is not None:  # the step ran the model
-                    assert mine.reused_tokens is not None and mine.decoded_tokens is not None
-                    assert mine.reused_tokens + mine.decoded_tokens == mine.prompt_tokens
-                    assert mine.decoded_tokens <= bounds[-1]
+                if mine.report is not None:  # the step ran the model
+                    figures = mine.report
+                    assert figures.reused_tokens + figures.decoded_tokens == figures.prompt_tokens
+                    assert figures.decoded_tokens <= bounds[-1]
             assert [n.text for n in cached.tree.messages()] == [
                 n.text for n in reference.tree.messages()
             ]

@@ -35,14 +35,15 @@ def test_an_interrupted_reply_continues_exactly_as_a_full_reprocess_would(
             session.send("Tell me a story.", GenerationOptions(max_tokens=6))
             stopped = session.send("Another one.", _stop_after(3))
             reply = session.tree.node(stopped.node_id or -1)
-            assert reply.status is NodeStatus.INTERRUPTED and stopped.generated_tokens == 3
+            assert reply.status is NodeStatus.INTERRUPTED and stopped.report is not None
+            assert stopped.report.generated_tokens == 3
             partial = reply.text
             resumed = session.resume(reply.id, GenerationOptions(max_tokens=8))
             assert resumed.node_id == reply.id
             assert reply.text.startswith(partial) and len(reply.text) > len(partial)
             assert reply.status is NodeStatus.COMPLETE
             if use_cache:
-                assert resumed.reused_tokens and resumed.reused_tokens > 0
+                assert resumed.report is not None and resumed.report.reused_tokens > 0
             session.send("And then?", GenerationOptions(max_tokens=6))
             texts.append([n.text for n in session.tree.messages()])
         finally:

@@ -111,7 +111,8 @@ def test_a_template_chosen_after_messages_exist_applies_to_new_nodes_only(
     old_reply = path[len(before) - 1]
     opening = old_reply.meta["prompt_len"]
     assert isinstance(opening, int)
-    assert mine.reused_tokens == sum(len(t or ()) for t in before[:-1]) + opening
+    assert mine.report is not None
+    assert mine.report.reused_tokens == sum(len(t or ()) for t in before[:-1]) + opening
 
 
 def test_a_model_without_a_template_uses_llama_cpps_and_a_bad_pick_is_a_clear_error(
@@ -164,7 +165,7 @@ def test_choosing_a_template_for_the_loaded_model_applies_without_a_reload(
     send(qtbot, window, "Hello there.")
     loads: list[bool] = []
     window.model_ready.connect(lambda: loads.append(True))
-    window.choose_model(tiny_models["dense"], "gemma")
+    window.models.choose_model(tiny_models["dense"], "gemma")
     assert window.settings.template_for(tiny_models["dense"]) == "gemma"
     qtbot.waitUntil(lambda: "gemma" in window.status_model.toolTip(), timeout=TIMEOUT)
     assert "'gemma' (chosen for this file)" in window.statusBar().currentMessage()
@@ -173,9 +174,9 @@ def test_choosing_a_template_for_the_loaded_model_applies_without_a_reload(
     path = window.tree.active_path()
     assert [node.tokens for node in path[: len(first)]] == first
     new_user = path[len(first)]
-    model_text = "".join(window.worker._generator.runtime.model.token_text(t)  # type: ignore[union-attr]
+    model_text = "".join(window.engine._host.service._generator.runtime.model.token_text(t)  # type: ignore[union-attr]
                          for t in new_user.tokens or ())
     assert model_text.startswith("<start_of_turn>user\nAnd again?")
     # No reload: the same context, and the reply reused the conversation so far.
     assert loads == []
-    assert window.last_reply is not None and window.last_reply.reused_tokens > 0
+    assert window.replies.last_reply is not None and window.replies.last_reply.reused_tokens > 0

@@ -65,9 +65,9 @@ def main() -> int:
         timer.timeout.connect(tick)
         timer.start(10)
         loop = QEventLoop()
-        window.import_finished.connect(loop.quit)
+        window.files.import_finished.connect(loop.quit)
         started = time.perf_counter()
-        window.import_path(source)
+        window.files.import_path(source)
         last[0] = time.perf_counter()
         loop.exec()
         gaps.append(time.perf_counter() - last[0])  # the pause that ended the import

@@ -1,0 +1,342 @@
+"""The engine service: the one owner of llama.cpp, taking requests and reporting events.
+
+`EngineService.handle(request)` runs one request (`engine.protocol`) to the end on the calling
+thread and reports through `emit`. A front end runs it on one thread (the window's engine
+thread) or in a process of its own; either way nothing else touches the runtime. Stop and
+pre-emption come through a `Control`, which the engine checks between chunks, inside a chunk
+(llama.cpp's abort callback) and between tokens.
+
+Warm-ups (preparing the likely next prompt while the user reads) are pre-empted by any real
+request: the front end bumps the control's epoch before sending one, and a warm-up whose epoch
+is stale stops within a chunk, so the real request waits at most that.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+from typing import Protocol
+
+from engine.checkpoints import CheckpointStore
+from engine.errors import ArborError, Cancelled
+from engine.formats.native import SessionCheckpoint, write_session
+from engine.generator import Generator
+from engine.params import Source
+from engine.paths import data_dirs
+from engine.protocol import (
+    AdoptCheckpoints,
+    ConfigureRequest,
+    Event,
+    ExportDone,
+    ExportRequest,
+    Failed,
+    ForgetRequest,
+    GenerateRequest,
+    LoadFailed,
+    LoadProgress,
+    LoadRequest,
+    ModelLoaded,
+    Piece,
+    Plan,
+    Progress,
+    ReplyDone,
+    Request,
+    StoreUsage,
+    TemplateChanged,
+    Warmed,
+    WarmRequest,
+)
+from engine.reply import ReplyReport, rendered, run_reply
+from engine.runtime import Runtime
+from engine.settings import Effect, Settings, effect_of
+
+log = logging.getLogger(__name__)
+
+Emit = Callable[[Event], None]
+
+
+class Control(Protocol):
+    """What the front end can do to a request while it runs (thread- or process-safe)."""
+
+    def stop(self) -> None: ...
+    def stop_requested(self) -> bool: ...
+    def clear_stop(self) -> None: ...
+    def preempt(self) -> int:
+        """A real request follows: warm-ups in flight or queued become stale. Returns the
+        new epoch."""
+    def epoch(self) -> int: ...
+
+
+class ThreadControl:
+    """A `Control` for an engine on another thread of the same process."""
+
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+        self._epoch = 0
+        self._lock = threading.Lock()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def stop_requested(self) -> bool:
+        return self._stop.is_set()
+
+    def clear_stop(self) -> None:
+        self._stop.clear()
+
+    def preempt(self) -> int:
+        with self._lock:
+            self._epoch += 1
+            return self._epoch
+
+    def epoch(self) -> int:
+        return self._epoch
+
+
+class EngineService:
+    def __init__(self, emit: Emit, control: Control) -> None:
+        self._emit = emit
+        self.control = control
+        self._generator: Generator | None = None
+        self._settings = Settings()
+        self._path: str | None = None
+
+    def handle(self, request: Request) -> None:
+        """Run one request to the end; a bug in it is logged and reported, never raised."""
+        match request:
+            case LoadRequest():
+                self.load(request)
+            case ConfigureRequest():
+                self.configure(request.settings)
+            case WarmRequest():
+                self.warm(request)
+            case GenerateRequest():
+                self.generate(request)
+            case ExportRequest():
+                self.export_session(request)
+            case AdoptCheckpoints():
+                self.adopt(request)
+            case ForgetRequest():
+                self.forget(request.node_ids)
+
+    # --- the model ---------------------------------------------------------------------------
+
+    def load(self, request: LoadRequest) -> None:
+        settings = request.settings
+        shown = [-1.0]
+
+        def on_load_progress(fraction: float) -> None:
+            # llama.cpp reports every tensor (hundreds of calls): pass on whole percents.
+            if fraction >= 1.0 or fraction - shown[0] >= 0.01:
+                shown[0] = fraction
+                self._emit(LoadProgress(request.path, fraction))
+
+        try:
+            runtime = Runtime(
+                Path(request.path), settings.runtime(), on_load_progress=on_load_progress
+            )
+        except ArborError as exc:
+            self._emit(LoadFailed(request.path, str(exc)))  # the previous model keeps working
+            return
+        except Exception as exc:  # a bug, not the file: still never leave the front end waiting
+            log.exception("loading %s failed", request.path)
+            self._emit(LoadFailed(
+                request.path, f"an internal error stopped the load ({type(exc).__name__})"))
+            return
+        identity = runtime.identity()  # hashes the model file (cached, but once is enough)
+        try:
+            generator = Generator(
+                runtime, sampling=settings.sampling(),
+                checkpoints=CheckpointStore(
+                    identity, ram_budget=settings.ram_budget(),
+                    disk_dir=self._disk_dir(settings),
+                ),
+                checkpoint_interval=settings.checkpoint_interval,
+                template=settings.template_for(request.path),
+            )
+        except ArborError as exc:  # a chat template Jinja or llama.cpp cannot use
+            runtime.close()
+            self._emit(LoadFailed(request.path, str(exc)))
+            return
+        self.close()
+        self._settings = settings
+        self._path = request.path
+        self._generator = generator
+        self._emit(ModelLoaded(
+            name=runtime.model.info.name,
+            path=str(runtime.model.path),
+            architecture=runtime.model.info.architecture,
+            memory_kind=runtime.memory_kind.value,
+            backend=runtime.backend,
+            n_ctx=runtime.n_ctx,
+            notices=tuple(runtime.notices),
+            identity=identity,
+            template=generator.template.describe(),
+        ))
+        self._emit_usage()
+
+    def configure(self, settings: Settings) -> None:
+        effect = effect_of(self._settings, settings)
+        generator = self._generator
+        if effect in (Effect.RELOAD, Effect.INVALIDATE) and self._path is not None:
+            self.load(LoadRequest(self._path, settings))
+            return
+        previous, self._settings = self._settings, settings
+        if generator is None:
+            return
+        generator.configure(sampling=settings.sampling(),
+                            checkpoint_interval=settings.checkpoint_interval)
+        if self._path is not None:
+            chosen = settings.template_for(self._path)
+            if chosen != previous.template_for(self._path):
+                generator.use_template(chosen)
+                self._emit(TemplateChanged(generator.template.describe()))
+        if generator.checkpoints is not None:
+            generator.checkpoints.configure(ram_budget=settings.ram_budget(),
+                                            disk_dir=self._disk_dir(settings))
+        self._emit_usage()
+
+    # --- replies -----------------------------------------------------------------------------
+
+    def warm(self, request: WarmRequest) -> None:
+        generator = self._generator
+        if generator is None or request.epoch != self.control.epoch():
+            return
+
+        def stale() -> bool:
+            return request.epoch != self.control.epoch()
+
+        path = [view.to_node() for view in request.path]
+        untokenized = {node.id for node in path if node.tokens is None}
+        try:
+            prepared = generator.warm(path, cancel=stale)
+        except Cancelled:
+            log.debug("warm-up pre-empted")
+            return
+        except ArborError as exc:
+            log.info("warm-up skipped: %s", exc)
+            return
+        except Exception:  # a warm-up is an optimisation: a bug in it must not cost a reply
+            log.exception("warm-up failed")
+            return
+        report = ReplyReport.of_prepare(prepared) if prepared is not None else None
+        self._emit(Warmed(request.conversation_id, request.path[-1].id,
+                          generator.runtime.canonical_tokens, report,
+                          rendered(path, untokenized)))
+        if prepared is not None:
+            generator.after_reply()
+            self._emit_usage()
+
+    def generate(self, request: GenerateRequest) -> None:
+        generator = self._generator
+        self.control.clear_stop()
+        if generator is None:
+            self._emit(_failed(request, "no model is loaded"))
+            return
+
+        def on_plan(prompt: int, reused: int, source: Source, position: int | None) -> None:
+            self._emit(Plan(request.request_id, prompt, reused, source.value, position))
+
+        def on_progress(done: int, total: int) -> None:
+            self._emit(Progress(request.request_id, done, total))
+
+        def on_piece(piece: str) -> None:
+            self._emit(Piece(request.request_id, request.conversation_id, request.reply_id,
+                             piece))
+
+        try:
+            result = run_reply(
+                generator, [view.to_node() for view in request.path],
+                resume=request.resume.to_node() if request.resume is not None else None,
+                max_tokens=request.max_tokens, seed=request.seed, on_plan=on_plan,
+                on_progress=on_progress, on_piece=on_piece,
+                cancel=self.control.stop_requested,
+            )
+        except Cancelled:
+            self._emit(_failed(request, ""))
+            return
+        except ArborError as exc:
+            self._emit(_failed(request, str(exc)))
+            return
+        except Exception as exc:  # a bug: report it, never leave the front end waiting
+            log.exception("the reply failed")
+            self._emit(_failed(request, f"an internal error stopped the reply "
+                                        f"({type(exc).__name__}); what was written is saved"))
+            return
+        self._emit(ReplyDone(request.request_id, request.conversation_id, request.reply_id,
+                             result))
+        generator.after_reply()
+        self._emit_usage()
+
+    # --- checkpoints -------------------------------------------------------------------------
+
+    def export_session(self, request: ExportRequest) -> None:
+        """Write the session file here: the checkpoints live with the engine, and a file of a
+        few hundred MiB should not hold the front end. Only this conversation's checkpoints go
+        (global node ids carry the conversation), read back from disk where spilled."""
+        generator = self._generator
+        items: list[SessionCheckpoint] = []
+        if generator is not None and generator.checkpoints is not None:
+            store = generator.checkpoints
+            for checkpoint in store.all():
+                node = checkpoint.node_id
+                if node is None or node >> 32 != request.conversation_id:
+                    continue
+                loaded = store.fetch(checkpoint)
+                if loaded is not None and loaded.blob is not None:
+                    items.append(SessionCheckpoint(0, loaded, store.identity))
+        try:
+            write_session(Path(request.path), list(request.records), items)
+        except (ArborError, OSError) as exc:
+            message = exc.strerror if isinstance(exc, OSError) else str(exc)
+            self._emit(ExportDone(request.path, 0, f"it could not be written: {message}"))
+            return
+        self._emit(ExportDone(request.path, len(items), None))
+
+    def adopt(self, request: AdoptCheckpoints) -> None:
+        """Checkpoints from an imported session file: kept if they fit this context. Keyed
+        by their tokens, they serve the imported conversation without any id mapping."""
+        generator = self._generator
+        store = generator.checkpoints if generator is not None else None
+        if store is None or store.identity != request.identity:
+            log.info("imported checkpoints do not fit the loaded model; not kept")
+            return
+        for checkpoint in request.checkpoints:
+            store.add(replace(checkpoint, node_id=None))
+        store.enforce_budget()
+        self._emit_usage()
+
+    def forget(self, node_ids: tuple[int, ...]) -> None:
+        if self._generator is not None:
+            self._generator.forget(node_ids)
+            self._emit_usage()
+
+    # --- lifetime ----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Free the model and its context (on the engine's own thread)."""
+        if self._generator is not None:
+            self._generator.runtime.close()
+            self._generator = None
+
+    @staticmethod
+    def _disk_dir(settings: Settings) -> Path | None:
+        return data_dirs().cache / "checkpoints" if settings.disk_tier else None
+
+    def _emit_usage(self) -> None:
+        store = self._generator.checkpoints if self._generator is not None else None
+        if store is None:
+            return
+        stats = store.stats()
+        self._emit(StoreUsage(
+            count=stats.count, ram_bytes=stats.ram_bytes, disk_bytes=stats.disk_bytes,
+            ram_budget=stats.ram_budget,
+            nodes=tuple(sorted(store.nodes_with_checkpoints().items())),
+        ))
+
+
+def _failed(request: GenerateRequest, message: str) -> Failed:
+    return Failed(request.request_id, request.conversation_id, request.reply_id, message)
