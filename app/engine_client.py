@@ -1,93 +1,133 @@
 """The window's handle on the engine: requests out, events back as one Qt signal.
 
-`EngineClient` runs the Qt-free `EngineService` on one QThread, which owns llama.cpp; nothing
-else touches it. Requests are queued to that thread; every event the service emits arrives on
-the GUI thread as `received(object)`. Stop and pre-emption bypass the queue (see
-`engine.service.Control`). The GUI thread never waits on the engine, except in `shutdown`,
-which waits at most for the running chunk or token after a stop.
+Two kinds, one interface. `ProcessEngine` (the app's) runs the engine service in a child
+process (`engine.process`): a crash in llama.cpp costs that process, never the window, and the
+window's process never loads llama.cpp. `ThreadEngine` (app.engine_thread) runs it on a QThread
+of this process: the measurement baseline and what the benchmark compares with.
+
+Every event arrives on the GUI thread as `received(object)`; when the engine process ends
+without being asked to, `EngineDied` arrives and `restart` starts a new one. Stop and
+pre-emption bypass the request queue. The GUI thread never waits on the engine, except in
+`shutdown` (at most a chunk or a token after the stop, then the process is killed).
 """
 
 from __future__ import annotations
 
+import logging
 import threading
 
-from PySide6.QtCore import QMetaObject, QObject, Qt, QThread, Signal, Slot
+from PySide6.QtCore import QObject, Signal
 
-from engine.protocol import ConfigureRequest, Event, GenerateRequest, LoadRequest, Request
-from engine.service import EngineService, ThreadControl
+from engine.process import EngineProcess
+from engine.protocol import (
+    ConfigureRequest,
+    Crash,
+    EngineDied,
+    GenerateRequest,
+    LoadRequest,
+    Request,
+)
+
+log = logging.getLogger(__name__)
 
 # Requests a user waits for: they make any warm-up in flight stale.
 PREEMPTING = (GenerateRequest, LoadRequest, ConfigureRequest)
 
 
-class _Host(QObject):
-    """Lives on the engine thread: runs each request and passes its events on."""
-
-    emitted = Signal(object)  # an engine event, emitted on the engine thread
-
-    def __init__(self, control: ThreadControl) -> None:
-        super().__init__()
-        self.service = EngineService(self._emit, control)
-        self.thread_ident: int | None = None
-
-    def _emit(self, event: Event) -> None:
-        self.emitted.emit(event)
-
-    @Slot(object)
-    def handle(self, request: Request) -> None:
-        self.thread_ident = threading.get_ident()
-        self.service.handle(request)
-
-    @Slot()
-    def close(self) -> None:
-        self.service.close()
-
-
 class EngineClient(QObject):
+    """What the window needs of an engine; see the two kinds above."""
+
     received = Signal(object)  # every engine event, delivered on the GUI thread
-    _submit = Signal(object)
-
-    def __init__(self, parent: QObject | None = None) -> None:
-        super().__init__(parent)
-        self.control = ThreadControl()
-        self._thread = QThread(self)
-        self._thread.setObjectName("arbor-engine")
-        self._host = _Host(self.control)
-        self._host.moveToThread(self._thread)
-        self._submit.connect(self._host.handle)
-        self._host.emitted.connect(self.received)
-        self._thread.start()
-
-    @property
-    def engine_thread_ident(self) -> int | None:
-        """The thread llama.cpp runs on, once it has run a request (tests check it)."""
-        return self._host.thread_ident
-
-    @property
-    def running(self) -> bool:
-        return self._thread.isRunning()
 
     def send(self, request: Request) -> None:
-        """Queue a request. A reply, a load or new settings pre-empt warm-ups first, so they
-        wait at most for one chunk of a warm-up in flight."""
-        if isinstance(request, PREEMPTING):
-            self.control.preempt()
-        self._submit.emit(request)
-
-    def epoch(self) -> int:
-        return self.control.epoch()
+        raise NotImplementedError
 
     def stop(self) -> None:
         """Stop the reply in progress (within a chunk or a token)."""
-        self.control.stop()
+        raise NotImplementedError
+
+    def preempt(self) -> None:
+        """Make any warm-up in flight or queued stale (it stops within a chunk)."""
+        raise NotImplementedError
+
+    def epoch(self) -> int:
+        """Real requests sent so far (a warm-up carries it; a newer one makes it stale)."""
+        raise NotImplementedError
 
     def shutdown(self) -> None:
-        """Stop whatever runs, free the model on its own thread, end the thread."""
-        if not self._thread.isRunning():
-            return
-        self.control.stop()
-        self.control.preempt()
-        QMetaObject.invokeMethod(self._host, "close", Qt.ConnectionType.BlockingQueuedConnection)
-        self._thread.quit()
-        self._thread.wait()
+        """Stop whatever runs, free the model, end the engine."""
+        raise NotImplementedError
 
+    def restart(self) -> None:
+        """A new engine after one died (nothing loaded)."""
+        raise NotImplementedError
+
+    @property
+    def running(self) -> bool:
+        raise NotImplementedError
+
+
+class ProcessEngine(EngineClient):
+    _arrived = Signal(object)  # emitted on the reader thread, delivered on the GUI thread
+
+    def __init__(self, parent: QObject | None = None) -> None:
+        super().__init__(parent)
+        self._arrived.connect(self.received)
+        self._process: EngineProcess | None = None
+        self.restart()
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    @property
+    def running(self) -> bool:
+        return self._process is not None and not self._process.closing
+
+    def restart(self) -> None:
+        epoch = self._process.epoch() if self._process is not None else 0
+        process = EngineProcess()
+        for _ in range(epoch):  # stale warm-ups stay stale across a restart
+            process.preempt()
+        self._process = process
+        threading.Thread(target=self._pump, args=(process,), name="arbor-engine-events",
+                         daemon=True).start()
+
+    def _pump(self, process: EngineProcess) -> None:
+        """The reader thread: every event, in order, to the GUI thread."""
+        while True:
+            event = process.recv()
+            if isinstance(event, EngineDied):
+                if not process.closing:
+                    log.error("the engine process ended: %s", event.describe())
+                    self._arrived.emit(event)
+                return
+            self._arrived.emit(event)
+
+    def send(self, request: Request | Crash) -> None:
+        process = self._process
+        if process is None or process.closing:
+            return
+        if isinstance(request, PREEMPTING):
+            process.preempt()
+        process.send(request)
+
+    def stop(self) -> None:
+        if self._process is not None:
+            self._process.stop()
+
+    def preempt(self) -> None:
+        if self._process is not None:
+            self._process.preempt()
+
+    def epoch(self) -> int:
+        return self._process.epoch() if self._process is not None else 0
+
+    def kill(self) -> None:
+        """SIGKILL the engine process (tests)."""
+        if self._process is not None:
+            self._process.kill()
+
+    def shutdown(self) -> None:
+        if self._process is not None and not self._process.closing:
+            self._process.shutdown()

@@ -2,8 +2,8 @@
 
 - `ChatController` (app.controller): the open conversations and every operation on them,
   through the Qt-free core; `Replies` (app.replies): the engine's side (the model, the reply
-  in progress, warm-ups) over an `EngineClient` (app.engine_client), which owns llama.cpp on
-  its own thread.
+  in progress, warm-ups) over an `EngineClient` (app.engine_client): the engine in a process
+  of its own, which owns llama.cpp.
 - `StatusArea` (app.status): every line about what the engine is doing.
 - `FileActions` (app.files) and `ModelSettings` (app.model_settings): the dialogs.
 - `app.actions`: every action's text, keys, icon, menu and when it is enabled.
@@ -44,7 +44,7 @@ from app.chat_model import rows_from_tree
 from app.chat_view import ChatView
 from app.composer import Composer
 from app.controller import ChatController
-from app.engine_client import EngineClient
+from app.engine_client import EngineClient, ProcessEngine
 from app.files import FileActions
 from app.icons import icon
 from app.model_settings import ModelSettings
@@ -75,14 +75,18 @@ class MainWindow(QMainWindow):
         *,
         store: Store | None = None,
         settings: Settings | None = None,
+        engine: EngineClient | None = None,
     ) -> None:
+        """`engine`: the app's is a `ProcessEngine` (the default); tests and the benchmark
+        may pass a `ThreadEngine`."""
         super().__init__()
         self.setWindowTitle("Arbor")
         self.resize(1200, 800)
         self.store = store or Store()
         # The program passes the settings it loaded (and reported a bad file for).
         settings = settings if settings is not None else load_settings().settings
-        self.engine = EngineClient(self)
+        self.engine = engine if engine is not None else ProcessEngine()
+        self.engine.setParent(self)
         self.controller = ChatController(self.store, settings, self.engine, self)
         self.replies = self.controller.replies
 
@@ -221,6 +225,7 @@ class MainWindow(QMainWindow):
         r.reply_finished.connect(self.reply_finished)
         r.reply_failed.connect(self._on_reply_failed)
         r.warmed.connect(self.warmed)
+        r.engine_lost.connect(self._show_error)
 
     # --- what the window shows ---------------------------------------------------------------
 

@@ -55,7 +55,8 @@ class ModelSettings(QObject):
     @Slot()
     def pick_model(self) -> None:
         loaded = self.replies.model.path if self.replies.model is not None else None
-        picker = ModelPicker(loaded, self.window, settings=self.settings)
+        picker = ModelPicker(loaded, self.window, settings=self.settings,
+                             builtin=self.replies.builtin_templates)
         if picker.exec() == ModelPicker.DialogCode.Accepted:
             chosen = picker.chosen()
             if chosen is not None:

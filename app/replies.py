@@ -21,6 +21,8 @@ from app.engine_client import EngineClient
 from engine.conversation import Change, ReplyStart
 from engine.errors import ArborError
 from engine.protocol import (
+    EngineDied,
+    EngineStarted,
     ExportDone,
     Failed,
     GenerateRequest,
@@ -49,6 +51,9 @@ log = logging.getLogger(__name__)
 
 # Quiet time after the user's last move before the engine warms the likely next prompt.
 WARM_DELAY_MS = 250
+# Engine deaths in a row (none of them followed by a model that loaded) before Arbor stops
+# restarting it: a crash loop ends with a message, never a spinning window.
+MAX_RESTARTS = 3
 
 
 @dataclass
@@ -81,12 +86,18 @@ class Replies(QObject):
     warmed = Signal(object)  # Warmed, once applied
     # Session files written by the engine.
     exported = Signal(object)  # ExportDone
+    # The engine process died: what happened and what Arbor does about it, in words.
+    engine_lost = Signal(str)
 
     def __init__(self, controller: ChatController, engine: EngineClient) -> None:
         super().__init__(controller)
         self.controller = controller
         self.engine = engine
         self.model: ModelLoaded | None = None
+        self.builtin_templates: tuple[str, ...] = ()  # chat templates llama.cpp knows by name
+        self.engine_pid: int | None = None  # the engine process, when it runs in one
+        self._model_path: str | None = None  # the model asked for last (reloaded after a crash)
+        self._deaths = 0  # engine deaths since a model last loaded
         self.usage: StoreUsage | None = None
         self.marks: dict[int, dict[int, str]] = {}  # conversation -> node -> "ram" | "disk"
         self.streaming: Streaming | None = None
@@ -109,6 +120,10 @@ class Replies(QObject):
 
     def load(self, path: str) -> None:
         """Load a model; until it is ready the previous one (if any) keeps answering."""
+        if not self.engine.running:  # given up after a crash loop: the user tries again
+            self._deaths = 0
+            self.engine.restart()
+        self._model_path = path
         self.loading.emit(path)
         self.engine.send(LoadRequest(path=path, settings=self.controller.settings))
 
@@ -193,8 +208,14 @@ class Replies(QObject):
                 self._on_usage(event)
             case LoadProgress():
                 self.load_progress.emit(event.fraction)
+            case EngineStarted():
+                self.engine_pid = event.pid
+                self.builtin_templates = event.builtin_templates
+            case EngineDied():
+                self._on_engine_died(event)
             case ModelLoaded():
                 self.model = event
+                self._deaths = 0
                 self._warmed_path = None  # a new context holds nothing
                 self.model_changed.emit()
                 self.model_ready.emit()
@@ -205,6 +226,31 @@ class Replies(QObject):
                 self._on_template_changed(event.description)
             case ExportDone():
                 self.exported.emit(event)
+
+    def _on_engine_died(self, died: EngineDied) -> None:
+        """Whatever the engine was doing is lost, nothing saved is: a reply in progress is
+        kept as interrupted (Continue picks it up), and the engine starts again with the
+        model it had, unless it keeps dying."""
+        streaming = self.streaming
+        if streaming is not None:
+            self.interrupt(streaming)
+            self._end_reply(warm=False)
+        self.model = None
+        self.model_changed.emit()
+        self._deaths += 1
+        what = f"The engine stopped: {died.describe()}."
+        saved = " The reply so far is saved; Continue (Ctrl+Shift+Return) goes on with it." \
+            if streaming is not None else ""
+        if self._deaths >= MAX_RESTARTS or self._model_path is None:
+            self.engine.shutdown()
+            again = (f" It stopped {self._deaths} times in a row, so Arbor leaves it off: "
+                     "open a model (Ctrl+M) to try again." if self._model_path else
+                     " Open a model (Ctrl+M) to start it again.")
+            self.engine_lost.emit(what + saved + again)
+            return
+        self.engine.restart()
+        self.load(self._model_path)
+        self.engine_lost.emit(what + saved + " Loading the model again…")
 
     def _mine(self, request_id: int) -> Streaming | None:
         """The reply in progress if an event belongs to it; a late event of a stopped or
@@ -280,7 +326,7 @@ class Replies(QObject):
             change = conversation.fail_reply(streaming.start)
             self.controller.save(streaming.conversation_id, change.nodes, change.deleted)
 
-    def _end_reply(self) -> None:
+    def _end_reply(self, *, warm: bool = True) -> None:
         self.streaming = None
         self.streaming_changed.emit()
         self.controller.changed.emit()
@@ -293,7 +339,8 @@ class Replies(QObject):
                 self.controller.open_conversation(cid)
                 self.controller.edit(node_id, text)
                 return
-        self.schedule_warm()
+        if warm:
+            self.schedule_warm()
 
     def _on_usage(self, usage: StoreUsage) -> None:
         self.usage = usage
@@ -340,6 +387,8 @@ class Replies(QObject):
                                      tuple(_view(cid, node) for node in path)))
 
     def _on_warmed(self, warmed: Warmed) -> None:
+        if not warmed.done:
+            return  # pre-empted: the request that did it is on its way
         conversation = self.controller.conversations.get(warmed.conversation_id)
         if conversation is not None:
             # What the warm-up rendered is what those nodes keep: the request that follows

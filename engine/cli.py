@@ -42,6 +42,10 @@ def build_parser() -> argparse.ArgumentParser:
     rp.add_argument("--report", type=Path, help="write the JSON report here (default: stdout)")
     rp.add_argument("--db", type=Path, help="persist the conversation to this database")
     rp.add_argument(
+        "--engine-process", action="store_true",
+        help="run the model in an engine process of its own, as the app does",
+    )
+    rp.add_argument(
         "--checkpoint-interval", type=int, default=DEFAULT_INTERVAL, metavar="TOKENS",
         help="at most one checkpoint per this many tokens inside long messages (<=0: none)",
     )
@@ -128,7 +132,7 @@ def _replay(args: argparse.Namespace) -> int:
     )
     report = replay(
         scenario, model=args.model, cache=CacheMode(args.cache), checkpoints=options,
-        db=args.db,
+        db=args.db, engine_process=args.engine_process,
     )
     text = json.dumps(report, indent=2, ensure_ascii=False) + "\n"
     if args.report:

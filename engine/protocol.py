@@ -13,9 +13,12 @@ chunk and between tokens).
 
 from __future__ import annotations
 
+import signal
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from engine.checkpoints import Checkpoint, Identity
+from engine.params import CheckpointOptions, RuntimeSettings, SamplingParams
 from engine.records import ConversationRecord
 from engine.reply import NodeView, ReplyReport, ReplyResult
 from engine.settings import Settings
@@ -24,9 +27,21 @@ from engine.settings import Settings
 
 
 @dataclass(frozen=True)
+class EngineOptions:
+    """A load as the command line asks for it (the app's loads come from its `Settings`)."""
+
+    runtime: RuntimeSettings
+    sampling: SamplingParams
+    checkpoints: CheckpointOptions
+    use_cache: bool = True  # False: every prompt decoded whole (the reference)
+    template: str | None = None  # a chat template by name; None: automatic
+
+
+@dataclass(frozen=True)
 class LoadRequest:
     path: str
     settings: Settings = field(default_factory=Settings)
+    options: EngineOptions | None = None  # given: these, not `settings`
 
 
 @dataclass(frozen=True)
@@ -84,10 +99,80 @@ class ForgetRequest:
     node_ids: tuple[int, ...]
 
 
+@dataclass(frozen=True)
+class Sync:
+    """Answered with `Synced(token)` once every request before it is done: every event
+    they caused has been sent."""
+
+    token: int
+
+
 Request = (LoadRequest | ConfigureRequest | WarmRequest | GenerateRequest | ExportRequest
-           | AdoptCheckpoints | ForgetRequest)
+           | AdoptCheckpoints | ForgetRequest | Sync)
+
+# --- control: acted on at once by an engine in its own process, never queued ----------------
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Stop the reply in progress (within a chunk or a token)."""
+
+
+@dataclass(frozen=True)
+class Preempt:
+    """Real requests sent so far: a warm-up of an older epoch is stale."""
+
+    epoch: int
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    """Finish nothing more; free the model and exit."""
+
+
+class CrashKind(StrEnum):
+    ABORT = "abort"  # abort(): what llama.cpp does on GGML_ASSERT or an RPC failure
+    KILL = "kill"  # SIGKILL, as the out-of-memory killer does
+
+
+@dataclass(frozen=True)
+class Crash:
+    """A fault injected by the tests: the engine process dies at once, however busy."""
+
+    kind: CrashKind = CrashKind.ABORT
+
+
+Control = Stop | Preempt | Shutdown | Crash
 
 # --- events ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EngineStarted:
+    """An engine process is up (sent first, before any request is taken)."""
+
+    pid: int
+    builtin_templates: tuple[str, ...]  # the chat templates llama.cpp knows by name
+
+
+@dataclass(frozen=True)
+class EngineDied:
+    """The engine process ended without being asked to (sent by the front end's client)."""
+
+    exitcode: int | None  # negative: killed by that signal
+
+    def describe(self) -> str:
+        code = self.exitcode
+        if code is None:
+            return "it stopped answering"
+        if code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"signal {-code}"
+            return {"SIGABRT": "llama.cpp aborted", "SIGKILL": "it was killed (out of memory?)",
+                    "SIGSEGV": "it crashed"}.get(name, f"it ended on {name}")
+        return f"it exited with status {code}"
 
 
 @dataclass(frozen=True)
@@ -107,6 +192,8 @@ class ModelLoaded:
     notices: tuple[str, ...]
     identity: Identity | None = None  # what a checkpoint must match to load in this context
     template: str = ""  # which chat template renders new messages, in words
+    template_name: str = ""  # its name
+    details: tuple[tuple[str, object], ...] = ()  # Runtime.report(): the replay report's model
 
 
 @dataclass(frozen=True)
@@ -125,8 +212,9 @@ class Warmed:
     conversation_id: int
     last_node: int  # the path's last node
     prompt_tokens: int  # what the context holds now
-    report: ReplyReport | None  # None: the context held it already
+    report: ReplyReport | None  # None: the context held it already (or it did not run)
     rendered: tuple[tuple[int, tuple[int, ...]], ...] = ()  # tokens path nodes keep
+    done: bool = True  # False: pre-empted or failed (a warm-up is only an optimisation)
 
 
 @dataclass(frozen=True)
@@ -178,6 +266,7 @@ class StoreUsage:
     disk_bytes: int
     ram_budget: int
     nodes: tuple[tuple[int, str], ...]  # node id -> "ram" | "disk"
+    stats: tuple[tuple[str, object], ...] = ()  # CheckpointStore.stats(), every figure
 
 
 @dataclass(frozen=True)
@@ -187,12 +276,19 @@ class ExportDone:
     error: str | None  # None: written
 
 
-Event = (LoadProgress | ModelLoaded | LoadFailed | TemplateChanged | Warmed | Plan | Progress
-         | Piece | ReplyDone | Failed | StoreUsage | ExportDone)
+@dataclass(frozen=True)
+class Synced:
+    token: int
+
+
+Event = (EngineStarted | EngineDied | LoadProgress | ModelLoaded | LoadFailed | TemplateChanged
+         | Warmed | Plan | Progress | Piece | ReplyDone | Failed | StoreUsage | ExportDone
+         | Synced)
 
 __all__ = [
     "AdoptCheckpoints",
     "ConfigureRequest",
+    "EngineOptions",
     "Event",
     "ExportDone",
     "ExportRequest",
@@ -210,6 +306,8 @@ __all__ = [
     "ReplyDone",
     "Request",
     "StoreUsage",
+    "Sync",
+    "Synced",
     "TemplateChanged",
     "WarmRequest",
     "Warmed",

@@ -5,15 +5,16 @@ from __future__ import annotations
 import contextlib
 import logging
 from dataclasses import asdict
-from importlib import metadata
 from pathlib import Path
 from typing import Any
 
 from engine.checkpoints import CheckpointStore
 from engine.formats.native import write_session
-from engine.model import file_sha256, resolve_model
+from engine.model import resolve_model
 from engine.params import CacheMode, CheckpointOptions
+from engine.protocol import EngineOptions
 from engine.records import from_tree
+from engine.remote import RemoteReplier
 from engine.runtime import Runtime, RuntimeSettings
 from engine.scenario import Op, Scenario, ScenarioError, Step
 from engine.session import GenerationOptions, Session, StepReport
@@ -31,54 +32,69 @@ def replay(
     runtime_settings: RuntimeSettings | None = None,
     checkpoints: CheckpointOptions | None = None,
     db: Path | None = None,
+    engine_process: bool = False,
 ) -> dict[str, Any]:
     """Run every step and return the report (a JSON-ready dict). With `db`, the
-    conversation is persisted to that store as it goes, one transaction per action."""
+    conversation is persisted to that store as it goes, one transaction per action. With
+    `engine_process`, the model runs in an engine process of its own, as in the app, and
+    every reply crosses the same protocol as the window's."""
     path = resolve_model(model or scenario.model, base=scenario.base_dir)
     settings = runtime_settings or RuntimeSettings(n_ctx=scenario.n_ctx, n_batch=scenario.n_batch)
     options = checkpoints or CheckpointOptions()
-    runtime = Runtime(path, settings)
+    use_cache = cache is CacheMode.CHECKPOINTS
     with contextlib.ExitStack() as stack:
-        stack.callback(runtime.close)
-        store = None
-        if cache is CacheMode.CHECKPOINTS:
+        if engine_process:
+            remote = RemoteReplier()
+            stack.callback(remote.close)
+            loaded = remote.load(str(path), EngineOptions(
+                settings, scenario.sampling, options, use_cache, scenario.template))
+            session = Session(None, system=scenario.system, seed=scenario.seed,
+                              use_cache=use_cache, replier=remote)
+            model_info, template, notices = dict(loaded.details), loaded.template_name, \
+                list(loaded.notices)
+
+            def store_stats() -> dict[str, Any] | None:
+                return remote.store_report() if use_cache else None
+        else:
+            runtime = Runtime(path, settings)
+            stack.callback(runtime.close)
             store = CheckpointStore(
-                runtime.identity(),
-                ram_budget=options.ram_budget,
-                disk_dir=options.disk_dir,
+                runtime.identity(), ram_budget=options.ram_budget, disk_dir=options.disk_dir,
                 disk_budget=options.disk_budget,
+            ) if use_cache else None
+            session = Session(
+                runtime, system=scenario.system, sampling=scenario.sampling,
+                seed=scenario.seed, use_cache=use_cache, checkpoints=store,
+                checkpoint_interval=options.interval, template=scenario.template,
             )
-        session = Session(
-            runtime,
-            system=scenario.system,
-            sampling=scenario.sampling,
-            seed=scenario.seed,
-            use_cache=cache is CacheMode.CHECKPOINTS,
-            checkpoints=store,
-            checkpoint_interval=options.interval,
-            template=scenario.template,
-        )
+            assert session.generator is not None
+            model_info, template, notices = runtime.report(), \
+                session.generator.template.name, list(runtime.notices)
+
+            def store_stats() -> dict[str, Any] | None:
+                return asdict(store.stats()) if store is not None else None
+        session.model = model_info
         conversation_id = None
         if db is not None:
             conversations = Store(db)
             stack.callback(conversations.close)
             title = next((s.text for s in scenario.steps if s.text), "Replay") or "Replay"
-            conversation_id = conversations.create(
-                session.tree, title=title[:80], model=model_report(runtime)
-            )
+            conversation_id = conversations.create(session.tree, title=title[:80],
+                                                   model=model_info)
             session.sink = StoreSink(conversations, conversation_id)
         steps = [_step_dict(run_step(session, step)) for step in scenario.steps]
         if isinstance(session.sink, StoreSink):  # a fork moves on to a new conversation
             conversation_id = session.sink.conversation_id
         return {
             "conversation_id": conversation_id,
-            "model": model_report(runtime),
-            "chat_template": session.generator.template.name,
+            "model": model_info,
+            "chat_template": template,
             "cache": cache.value,
+            "engine": "process" if engine_process else "in-process",
             "seed": scenario.seed,
             "steps": steps,
-            "checkpoints": _store_report(store, options),
-            "notices": list(runtime.notices),
+            "checkpoints": _store_report(store_stats(), options),
+            "notices": notices,
         }
 
 
@@ -130,7 +146,9 @@ def run_step(session: Session, step: Step) -> StepReport:
             case Op.EXPORT:
                 assert step.path is not None
                 out = Path(step.path)
-                record = from_tree(session.tree, title="Replay", model=_model_identity(session))
+                identity = {key: session.model.get(key)
+                            for key in ("name", "file_sha256", "architecture")}
+                record = from_tree(session.tree, title="Replay", model=identity)
                 write_session(out, [record])
                 return StepReport(op="export", node_id=tree.active_leaf, text=str(out))
     except TreeError as exc:
@@ -140,40 +158,14 @@ def run_step(session: Session, step: Step) -> StepReport:
     raise AssertionError(step.op)
 
 
-def _model_identity(session: Session) -> dict[str, Any]:
-    model = session.runtime.model
-    return {"name": model.info.name, "file_sha256": file_sha256(model.path),
-            "architecture": model.info.architecture}
-
-
-def model_report(runtime: Runtime) -> dict[str, Any]:
-    model = runtime.model
-    params = runtime.ctx.params
-    return {
-        "name": model.info.name,
-        "path": str(model.path),
-        "file_sha256": file_sha256(model.path),
-        "architecture": model.info.architecture,
-        "memory_kind": runtime.memory_kind.value,
-        "n_swa": runtime.n_swa,
-        "swa_full": params.swa_full,
-        "n_ctx": runtime.n_ctx,
-        "n_batch": runtime.n_batch,
-        "n_params": model.n_params,
-        "size_bytes": model.info.size_bytes,
-        "backend": runtime.backend,
-        "llama_cpp_python": metadata.version("llama-cpp-python"),
-    }
-
-
-def _store_report(store: CheckpointStore | None, options: CheckpointOptions) -> dict[str, Any]:
-    if store is None:
+def _store_report(stats: dict[str, Any] | None, options: CheckpointOptions) -> dict[str, Any]:
+    if stats is None:
         return {"enabled": False}
     return {
         "enabled": True,
         "interval": options.interval,
         "disk_tier": str(options.disk_dir) if options.disk_dir else None,
-        **asdict(store.stats()),
+        **stats,
     }
 
 

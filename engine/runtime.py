@@ -16,7 +16,9 @@ import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
+from importlib import metadata
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -128,6 +130,26 @@ class Runtime:
         self._pending_capture = None
         self.ctx.close()
         self.model.close()
+
+    def report(self) -> dict[str, Any]:
+        """The model and context, for reports (the replay report's `model`)."""
+        model = self.model
+        params = self.ctx.params
+        return {
+            "name": model.info.name,
+            "path": str(model.path),
+            "file_sha256": file_sha256(model.path),
+            "architecture": model.info.architecture,
+            "memory_kind": self.memory_kind.value,
+            "n_swa": self.n_swa,
+            "swa_full": params.swa_full,
+            "n_ctx": self.n_ctx,
+            "n_batch": self.n_batch,
+            "n_params": model.n_params,
+            "size_bytes": model.info.size_bytes,
+            "backend": self.backend,
+            "llama_cpp_python": metadata.version("llama-cpp-python"),
+        }
 
     def identity(self) -> Identity:
         """What a state blob must have been made with to be loaded here."""

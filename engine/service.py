@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Protocol
 
@@ -24,11 +24,12 @@ from engine.checkpoints import CheckpointStore
 from engine.errors import ArborError, Cancelled
 from engine.formats.native import SessionCheckpoint, write_session
 from engine.generator import Generator
-from engine.params import Source
+from engine.params import CheckpointOptions, Source
 from engine.paths import data_dirs
 from engine.protocol import (
     AdoptCheckpoints,
     ConfigureRequest,
+    EngineOptions,
     Event,
     ExportDone,
     ExportRequest,
@@ -45,6 +46,8 @@ from engine.protocol import (
     ReplyDone,
     Request,
     StoreUsage,
+    Sync,
+    Synced,
     TemplateChanged,
     Warmed,
     WarmRequest,
@@ -63,7 +66,10 @@ class Control(Protocol):
 
     def stop(self) -> None: ...
     def stop_requested(self) -> bool: ...
-    def clear_stop(self) -> None: ...
+    def clear_stop(self) -> None:
+        """A new reply is queued: a stop sent before it was for an earlier one. Called in
+        the order of the messages (never when the reply starts, which may be later than a
+        stop sent for it)."""
     def preempt(self) -> int:
         """A real request follows: warm-ups in flight or queued become stale. Returns the
         new epoch."""
@@ -95,6 +101,11 @@ class ThreadControl:
     def epoch(self) -> int:
         return self._epoch
 
+    def set_epoch(self, epoch: int) -> None:
+        """The front end's count, when it counts (an engine in its own process)."""
+        with self._lock:
+            self._epoch = max(self._epoch, epoch)
+
 
 class EngineService:
     def __init__(self, emit: Emit, control: Control) -> None:
@@ -121,11 +132,14 @@ class EngineService:
                 self.adopt(request)
             case ForgetRequest():
                 self.forget(request.node_ids)
+            case Sync():
+                self._emit(Synced(request.token))
 
     # --- the model ---------------------------------------------------------------------------
 
     def load(self, request: LoadRequest) -> None:
         settings = request.settings
+        options = request.options or _options_of(settings, request.path)
         shown = [-1.0]
 
         def on_load_progress(fraction: float) -> None:
@@ -136,7 +150,7 @@ class EngineService:
 
         try:
             runtime = Runtime(
-                Path(request.path), settings.runtime(), on_load_progress=on_load_progress
+                Path(request.path), options.runtime, on_load_progress=on_load_progress
             )
         except ArborError as exc:
             self._emit(LoadFailed(request.path, str(exc)))  # the previous model keeps working
@@ -147,15 +161,16 @@ class EngineService:
                 request.path, f"an internal error stopped the load ({type(exc).__name__})"))
             return
         identity = runtime.identity()  # hashes the model file (cached, but once is enough)
+        store_options = options.checkpoints
         try:
             generator = Generator(
-                runtime, sampling=settings.sampling(),
+                runtime, sampling=options.sampling, use_cache=options.use_cache,
                 checkpoints=CheckpointStore(
-                    identity, ram_budget=settings.ram_budget(),
-                    disk_dir=self._disk_dir(settings),
-                ),
-                checkpoint_interval=settings.checkpoint_interval,
-                template=settings.template_for(request.path),
+                    identity, ram_budget=store_options.ram_budget,
+                    disk_dir=store_options.disk_dir, disk_budget=store_options.disk_budget,
+                ) if options.use_cache else None,
+                checkpoint_interval=store_options.interval,
+                template=options.template,
             )
         except ArborError as exc:  # a chat template Jinja or llama.cpp cannot use
             runtime.close()
@@ -175,6 +190,8 @@ class EngineService:
             notices=tuple(runtime.notices),
             identity=identity,
             template=generator.template.describe(),
+            template_name=generator.template.name,
+            details=tuple(runtime.report().items()),
         ))
         self._emit_usage()
 
@@ -202,8 +219,12 @@ class EngineService:
     # --- replies -----------------------------------------------------------------------------
 
     def warm(self, request: WarmRequest) -> None:
+        """Every warm request is answered with `Warmed`; `done` is False when it did not run
+        to the end (stale, pre-empted, failed: a warm-up is only an optimisation)."""
         generator = self._generator
+        skipped = Warmed(request.conversation_id, request.path[-1].id, 0, None, done=False)
         if generator is None or request.epoch != self.control.epoch():
+            self._emit(skipped)
             return
 
         def stale() -> bool:
@@ -215,12 +236,15 @@ class EngineService:
             prepared = generator.warm(path, cancel=stale)
         except Cancelled:
             log.debug("warm-up pre-empted")
+            self._emit(skipped)
             return
         except ArborError as exc:
             log.info("warm-up skipped: %s", exc)
+            self._emit(skipped)
             return
         except Exception:  # a warm-up is an optimisation: a bug in it must not cost a reply
             log.exception("warm-up failed")
+            self._emit(skipped)
             return
         report = ReplyReport.of_prepare(prepared) if prepared is not None else None
         self._emit(Warmed(request.conversation_id, request.path[-1].id,
@@ -232,7 +256,6 @@ class EngineService:
 
     def generate(self, request: GenerateRequest) -> None:
         generator = self._generator
-        self.control.clear_stop()
         if generator is None:
             self._emit(_failed(request, "no model is loaded"))
             return
@@ -335,7 +358,18 @@ class EngineService:
             count=stats.count, ram_bytes=stats.ram_bytes, disk_bytes=stats.disk_bytes,
             ram_budget=stats.ram_budget,
             nodes=tuple(sorted(store.nodes_with_checkpoints().items())),
+            stats=tuple(asdict(stats).items()),
         ))
+
+
+def _options_of(settings: Settings, model: str) -> EngineOptions:
+    """The app's settings as engine options."""
+    return EngineOptions(
+        runtime=settings.runtime(), sampling=settings.sampling(),
+        checkpoints=CheckpointOptions(interval=settings.checkpoint_interval,
+                                      ram_budget=settings.ram_budget(),
+                                      disk_dir=EngineService._disk_dir(settings)),
+        template=settings.template_for(model))
 
 
 def _failed(request: GenerateRequest, message: str) -> Failed:

@@ -9,14 +9,21 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import Any, Protocol
 
 from engine.checkpoints import DEFAULT_INTERVAL, CheckpointStore
 from engine.conversation import Change, Conversation, ReplyJob
 from engine.errors import Cancelled
 from engine.generator import Generator
 from engine.params import SamplingParams
-from engine.reply import ReplyReport, rendered, run_reply
+from engine.reply import (
+    PieceFn,
+    Rendered,
+    ReplyReport,
+    ReplyResult,
+    rendered,
+    run_reply,
+)
 from engine.runtime import CancelFn, ProgressFn, Runtime
 from engine.tree import Node, Role, Tree, TreeError
 
@@ -48,6 +55,43 @@ class StepReport:
     report: ReplyReport | None = None
 
 
+class Replier(Protocol):
+    """Where a session's replies come from: the engine on this thread (`LocalReplier`) or
+    in a process of its own (`engine.remote.RemoteReplier`). Either way the same
+    `engine.reply` pipeline runs; only the path's copies cross a process boundary."""
+
+    def reply(self, path: Sequence[Node], *, resume: Node | None, max_tokens: int, seed: int,
+              on_progress: ProgressFn | None = None, on_piece: PieceFn | None = None,
+              cancel: CancelFn | None = None) -> ReplyResult: ...
+
+    def warm(self, path: Sequence[Node]) -> tuple[ReplyReport | None, Rendered]:
+        """Prepare `path` (see Generator.warm): what it did, and the tokens it rendered."""
+
+    def forget(self, node_ids: Sequence[int]) -> None: ...
+
+
+class LocalReplier:
+    def __init__(self, generator: Generator) -> None:
+        self.generator = generator
+
+    def reply(self, path: Sequence[Node], *, resume: Node | None, max_tokens: int, seed: int,
+              on_progress: ProgressFn | None = None, on_piece: PieceFn | None = None,
+              cancel: CancelFn | None = None) -> ReplyResult:
+        result = run_reply(self.generator, path, resume=resume, max_tokens=max_tokens,
+                           seed=seed, on_progress=on_progress, on_piece=on_piece, cancel=cancel)
+        self.generator.after_reply()
+        return result
+
+    def warm(self, path: Sequence[Node]) -> tuple[ReplyReport | None, Rendered]:
+        untokenized = {node.id for node in path if node.tokens is None}
+        report = self.generator.warm(path)
+        done = ReplyReport.of_prepare(report) if report is not None else None
+        return done, rendered(path, untokenized)
+
+    def forget(self, node_ids: Sequence[int]) -> None:
+        self.generator.forget(node_ids)
+
+
 @dataclass
 class GenerationOptions:
     max_tokens: int = 512
@@ -58,7 +102,7 @@ class GenerationOptions:
 
 
 class Session:
-    """A conversation tree bound to a runtime.
+    """A conversation tree bound to a runtime (or, with `replier`, to an engine elsewhere).
 
     `use_cache=False` clears the context before every prompt and decodes it whole: the
     reference every cached answer must equal.
@@ -66,7 +110,7 @@ class Session:
 
     def __init__(
         self,
-        runtime: Runtime,
+        runtime: Runtime | None,
         tree: Tree | None = None,
         *,
         system: str = "",
@@ -77,31 +121,52 @@ class Session:
         checkpoint_interval: int = DEFAULT_INTERVAL,
         sink: Sink | None = None,
         template: str | None = None,
+        replier: Replier | None = None,
     ) -> None:
+        """`replier`: replies come from there (the model's settings are its business) and
+        `runtime` is None; else a generator on `runtime` with these settings."""
         self.runtime = runtime
         self.sink = sink
         self.conversation = Conversation(tree if tree is not None else Tree(system))
         self.seed = seed
         self.use_cache = use_cache
-        self.generator = Generator(
-            runtime,
-            sampling=sampling,
-            use_cache=use_cache,
-            checkpoints=checkpoints,
-            checkpoint_interval=checkpoint_interval,
-            template=template,
-        )
+        self.generator: Generator | None = None
+        if replier is None:
+            assert runtime is not None
+            self.generator = Generator(
+                runtime,
+                sampling=sampling,
+                use_cache=use_cache,
+                checkpoints=checkpoints,
+                checkpoint_interval=checkpoint_interval,
+                template=template,
+            )
+            replier = LocalReplier(self.generator)
+        self.replier = replier
+        self._model: dict[str, Any] | None = None
 
     @property
     def tree(self) -> Tree:
         return self.conversation.tree
 
     @property
+    def model(self) -> dict[str, Any]:
+        """What the replies come from, as `Runtime.report()` says (exports name the model)."""
+        if self._model is None:
+            self._model = self.runtime.report() if self.runtime is not None else {}
+        return self._model
+
+    @model.setter
+    def model(self, report: dict[str, Any]) -> None:
+        self._model = report
+
+    @property
     def checkpoints(self) -> CheckpointStore | None:
-        return self.generator.checkpoints
+        return self.generator.checkpoints if self.generator is not None else None
 
     @checkpoints.setter
     def checkpoints(self, store: CheckpointStore | None) -> None:
+        assert self.generator is not None
         self.generator.checkpoints = store if self.use_cache else None
 
     # --- operations (the tree's half is engine.conversation, shared by every front end) -----
@@ -132,14 +197,9 @@ class Session:
     def warm(self) -> StepReport:
         """What the app does while the user reads: prepare the likely next prompt, so the
         next message decodes only itself (see Generator.warm)."""
-        path = self.conversation.warm_path()
-        untokenized = {node.id for node in path if node.tokens is None}
-        report = self.generator.warm(path)
-        self._keep(self.conversation.adopt_tokens(rendered(path, untokenized)))
-        if report is None:
-            return StepReport(op="warm", node_id=self.tree.active_leaf)
-        return StepReport(op="warm", node_id=self.tree.active_leaf,
-                          report=ReplyReport.of_prepare(report))
+        report, tokens = self.replier.warm(self.conversation.warm_path())
+        self._keep(self.conversation.adopt_tokens(tokens))
+        return StepReport(op="warm", node_id=self.tree.active_leaf, report=report)
 
     def rewind(self, node_id: int) -> StepReport:
         return self._apply("rewind", self.conversation.rewind(node_id), node_id=node_id)
@@ -147,7 +207,7 @@ class Session:
     def delete_branch(self, node_id: int) -> StepReport:
         change = self.conversation.delete_branch(node_id)
         report = self._apply("delete", change)
-        self.generator.forget(change.deleted)
+        self.replier.forget(change.deleted)
         return report
 
     def undo(self) -> StepReport:
@@ -218,10 +278,9 @@ class Session:
                 options.on_text(piece)
 
         try:
-            result = run_reply(
-                self.generator, start.path, resume=start.resume, max_tokens=options.max_tokens,
-                seed=seed, on_progress=options.on_progress, on_piece=on_piece,
-                cancel=options.cancel,
+            result = self.replier.reply(
+                start.path, resume=start.resume, max_tokens=options.max_tokens, seed=seed,
+                on_progress=options.on_progress, on_piece=on_piece, cancel=options.cancel,
             )
         except BaseException:
             # Tokens rendered before the failure are the nodes' own from now on: keep them.
@@ -231,7 +290,6 @@ class Session:
             raise
         finished = self.conversation.finish_reply(reply.id, result)
         self._keep(list(finished.nodes), deleted=finished.deleted)
-        self.generator.after_reply()
         return StepReport(op=op, node_id=reply.id, text=result.text[len(start.was_text):],
                           report=result.report)
 

@@ -5,16 +5,19 @@ Loaded for every test module through `pytest_plugins` in conftest.py.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from PySide6.QtCore import QCoreApplication, QEvent, Qt
+from PySide6.QtCore import QCoreApplication, QEvent, QObject, Qt
 from pytestqt.qtbot import QtBot
 
 import engine.llama as llama_layer
+from app.engine_client import EngineClient
+from app.engine_thread import ThreadEngine
 from app.main_window import MainWindow
 from engine.settings import Settings
 from engine.store import Store
@@ -41,28 +44,69 @@ def engine_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return seen
 
 
+def open_window(qtbot: QtBot, tmp_path: Path, model: Path,
+                engine: EngineClient | None = None) -> MainWindow:
+    """A shown main window on its own store, with `model` loaded."""
+    win = MainWindow(store=Store(tmp_path / "conversations.db"), settings=TEST_SETTINGS,
+                     engine=engine)
+    qtbot.addWidget(win)
+    win.show()
+    with qtbot.waitSignal(win.model_ready, timeout=TIMEOUT):
+        win.models.load_model(str(model))
+    return win
+
+
+def destroy(*objects: QObject) -> None:
+    """Destroy them now: a window left for the garbage collector still answers app-wide
+    signals (a theme change repaints its icons) in the tests that follow."""
+    for item in objects:
+        item.deleteLater()
+    QCoreApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)
+
+
+def process_gone(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    return False
+
+
 @pytest.fixture
 def window(
     qtbot: QtBot, tmp_path: Path, tiny_models: dict[str, Path], engine_calls: list[int]
 ) -> Iterator[MainWindow]:
-    """The main window with the tiny dense model loaded; on teardown, proof that llama.cpp
-    ran only on the engine thread."""
-    win = MainWindow(store=Store(tmp_path / "conversations.db"), settings=TEST_SETTINGS)
-    qtbot.addWidget(win)
-    win.show()
-    with qtbot.waitSignal(win.model_ready, timeout=TIMEOUT):
-        win.models.load_model(str(tiny_models["dense"]))
+    """The main window as the app runs it: the engine in a process of its own, the tiny
+    dense model loaded. On teardown, proof that llama.cpp never ran in the window's process
+    and that closing the window left no engine process behind."""
+    win = open_window(qtbot, tmp_path, tiny_models["dense"])
+    pid = win.replies.engine_pid
+    assert pid is not None and pid != os.getpid()
+    yield win
+    win.close()
+    assert not win.engine.running
+    assert process_gone(win.replies.engine_pid or pid) and process_gone(pid)
+    assert engine_calls == [], "llama.cpp decoded in the window's process"
+    destroy(win)
+
+
+@pytest.fixture
+def thread_window(
+    qtbot: QtBot, tmp_path: Path, tiny_models: dict[str, Path], engine_calls: list[int]
+) -> Iterator[MainWindow]:
+    """The main window with its engine on a thread of this process (`ThreadEngine`), for
+    tests that reach into the engine; on teardown, proof that llama.cpp ran only on the
+    engine thread."""
+    engine = ThreadEngine()
+    win = open_window(qtbot, tmp_path, tiny_models["dense"], engine)
     yield win
     win.close()
     assert not win.engine.running
     main = threading.get_ident()
     assert engine_calls, "the test should have run the engine"
     assert all(ident != main for ident in engine_calls), "llama.cpp called from the GUI thread"
-    assert set(engine_calls) == {win.engine.engine_thread_ident}
-    # Destroy it now: a window left for the garbage collector still answers app-wide
-    # signals (a theme change repaints its icons) in the tests that follow.
-    win.deleteLater()
-    QCoreApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)
+    assert set(engine_calls) == {engine.engine_thread_ident}
+    destroy(win)
 
 
 def send(qtbot: QtBot, win: MainWindow, text: str) -> None:

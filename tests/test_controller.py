@@ -12,16 +12,16 @@ from pytestqt.qtbot import QtBot
 
 from app.actions import ACTIONS, TOOLBAR, Menu, Scope, shortcut_rows, spec, specs
 from app.controller import ChatController
-from app.engine_client import EngineClient
+from app.engine_thread import ThreadEngine
 from engine.store import Store, StoreWriteError
 from engine.tree import NodeStatus, Role
-from tests.app_fixtures import TEST_SETTINGS, TIMEOUT
+from tests.app_fixtures import TEST_SETTINGS, TIMEOUT, destroy
 
 
 @pytest.fixture
 def controller(qtbot: QtBot, tmp_path: Path,
                tiny_models: dict[str, Path]) -> Iterator[ChatController]:
-    engine = EngineClient()
+    engine = ThreadEngine()
     controller = ChatController(Store(tmp_path / "c.db"), TEST_SETTINGS, engine)
     with qtbot.waitSignal(controller.replies.model_ready, timeout=TIMEOUT):
         controller.replies.load(str(tiny_models["dense"]))
@@ -29,6 +29,7 @@ def controller(qtbot: QtBot, tmp_path: Path,
     yield controller
     engine.shutdown()
     controller.store.close()
+    destroy(controller, engine)
 
 
 def _answer(qtbot: QtBot, controller: ChatController, text: str) -> None:

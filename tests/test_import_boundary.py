@@ -4,6 +4,7 @@ way), and only the llama.cpp layer loads llama.cpp."""
 from __future__ import annotations
 
 import ast
+import os
 import pkgutil
 import subprocess
 import sys
@@ -49,7 +50,8 @@ def test_the_check_would_notice_a_qt_import() -> None:
 # app's value and widget modules must not: they are read where no model is loaded.
 NATIVE = {"engine.llama", "engine.runtime", "engine.generator", "engine.session", "engine.replay",
           "engine.service"}
-NATIVE_FREE_APP = ["app.theme", "app.icons", "app.settings_dialog", "app.model_picker",
+NATIVE_FREE_APP = ["app.main_window", "app.controller", "app.replies", "app.engine_client",
+                   "app.theme", "app.icons", "app.settings_dialog", "app.model_picker",
                    "app.actions", "app.sidebar", "app.chat_model", "app.tree_panel",
                    "app.importer"]
 
@@ -87,3 +89,36 @@ def test_modules_that_run_no_model_do_not_load_the_native_library() -> None:
     probe = "import sys, engine.runtime; print('llama_cpp' in sys.modules)"
     result = _python(probe)
     assert result.stdout.strip() == "True"
+
+
+def test_the_window_answers_without_loading_llama_cpp_in_its_own_process(
+    tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    """The app's window, a model loaded and a reply answered: llama.cpp ran, but only in the
+    engine's process."""
+    code = f"""
+import sys
+from PySide6.QtCore import QEventLoop, QTimer
+from PySide6.QtWidgets import QApplication
+from app.main_window import MainWindow
+from engine.settings import Settings
+from engine.store import Store
+app = QApplication([])
+from pathlib import Path
+window = MainWindow(store=Store(Path({str(tmp_path / "c.db")!r})), settings=Settings(max_tokens=8))
+loop = QEventLoop()
+window.model_ready.connect(loop.quit)
+window.reply_finished.connect(loop.quit)
+QTimer.singleShot(240_000, loop.quit)  # a hang guard
+window.models.load_model({str(tiny_models["dense"])!r})
+loop.exec()
+window.controller.send("Hello")
+loop.exec()
+print(len(window.tree.messages()), window.replies.engine_pid is not None,
+      "llama_cpp" in sys.modules)
+window.close()
+"""
+    env = {**os.environ, "QT_QPA_PLATFORM": "offscreen", "ARBOR_HOME": str(tmp_path)}
+    result = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True,
+                            text=True, check=True, env=env)
+    assert result.stdout.split() == ["2", "True", "False"], result.stderr

@@ -235,3 +235,32 @@ def test_every_operation_replays_and_equals_a_full_reprocess(
         tree = store.load(original)
         # The deleted branch came back: the third message and its reply are there again.
         assert "And how old can it get?" in [n.text for n in tree.nodes()]
+
+
+@pytest.mark.parametrize("kind", [MemoryKind.DENSE, MemoryKind.HYBRID], ids=lambda k: k.value)
+def test_the_engine_process_replays_every_operation_as_the_engine_in_process_does(
+    kind: MemoryKind, tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    """`--engine-process`: every reply crosses the protocol the window uses, and the report
+    is the in-process one: the same texts, the same reuse, the same tree in the store."""
+    data = {"model": str(tiny_models[kind.value]), "n_ctx": 2048, "n_batch": 32, "seed": 5,
+            "sampling": {"temperature": 0.7}, "steps": [*STEPS[:4], *EVERY_OP]}
+    scenario = parse_scenario(data)
+    here = replay(scenario, cache=CacheMode.CHECKPOINTS, db=tmp_path / "here.db")
+    there = replay(scenario, cache=CacheMode.CHECKPOINTS, db=tmp_path / "there.db",
+                   engine_process=True)
+    assert (here["engine"], there["engine"]) == ("in-process", "process")
+    assert _texts(there) == _texts(here)
+    figures = ("op", "prompt_tokens", "reused_tokens", "decoded_tokens", "source",
+               "generated_tokens")
+    assert [[s[k] for k in figures] for s in there["steps"]] == \
+        [[s[k] for k in figures] for s in here["steps"]]
+    assert there["model"] == here["model"] and there["chat_template"] == here["chat_template"]
+    assert there["checkpoints"]["count"] == here["checkpoints"]["count"] > 0
+    from engine.store import Store
+
+    with Store(tmp_path / "here.db") as a, Store(tmp_path / "there.db") as b:
+        for mine, theirs in zip(a.list(), b.list(), strict=True):
+            nodes = [(n.role, n.text, n.tokens, n.status) for n in a.load(mine.id).nodes()]
+            assert nodes == [(n.role, n.text, n.tokens, n.status)
+                             for n in b.load(theirs.id).nodes()]

@@ -12,7 +12,12 @@ from pytestqt.qtbot import QtBot
 from app.main_window import MainWindow
 from app.model_picker import Column, ModelPicker
 from engine.generator import Generator
-from engine.llama import SamplingParams, apply_builtin_template, builtin_template_names
+from engine.llama import (
+    LlamaModel,
+    SamplingParams,
+    apply_builtin_template,
+    builtin_template_names,
+)
 from engine.prompt import TemplateError
 from engine.session import GenerationOptions, Session
 from engine.settings import Settings, SettingsError
@@ -174,8 +179,11 @@ def test_choosing_a_template_for_the_loaded_model_applies_without_a_reload(
     path = window.tree.active_path()
     assert [node.tokens for node in path[: len(first)]] == first
     new_user = path[len(first)]
-    model_text = "".join(window.engine._host.service._generator.runtime.model.token_text(t)  # type: ignore[union-attr]
-                         for t in new_user.tokens or ())
+    vocabulary = LlamaModel(tiny_models["dense"])  # the engine's is in its own process
+    try:
+        model_text = "".join(vocabulary.token_text(t) for t in new_user.tokens or ())
+    finally:
+        vocabulary.close()
     assert model_text.startswith("<start_of_turn>user\nAnd again?")
     # No reload: the same context, and the reply reused the conversation so far.
     assert loads == []

@@ -1,0 +1,214 @@
+"""The engine in a process of its own: llama.cpp can abort, and only this process goes.
+
+llama.cpp ends its process on an internal error (`GGML_ASSERT`, an allocation it cannot make,
+any failure of an RPC worker), and no error code reaches Python. So the app runs the engine
+service (`engine.service`) in a child process and speaks to it over one
+`multiprocessing` connection (pickled frozen dataclasses from `engine.protocol`, in order).
+
+In the child a reader thread takes every message as it comes: control messages (`Stop`,
+`Preempt`, `Shutdown`, `Crash`) act at once, requests queue for the main thread, which runs
+them one at a time. So Stop takes effect within a chunk or a token whatever is running, and a
+front end's send never waits for the engine to finish something. Checkpoint blobs cross as
+raw bytes (`send_bytes`), one message each, never inside one giant pickle. The child exits as
+soon as its parent is gone: the connection's end of file (the kernel closes the parent's end
+when the parent dies, however it dies).
+
+This module loads no native library in the parent: the service is imported in the child.
+"""
+
+from __future__ import annotations
+
+import logging
+import multiprocessing
+import os
+import queue
+import signal
+import sys
+import threading
+from dataclasses import replace
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+
+from engine.protocol import (
+    AdoptCheckpoints,
+    Crash,
+    CrashKind,
+    EngineDied,
+    Event,
+    GenerateRequest,
+    Preempt,
+    Request,
+    Shutdown,
+    Stop,
+)
+
+log = logging.getLogger(__name__)
+
+# How long a clean shutdown may take (a stop lands within a chunk) before the process is killed.
+SHUTDOWN_TIMEOUT_S = 10.0
+
+
+class EngineProcess:
+    """The parent's handle on one engine process. `send` and the control calls are safe
+    from any thread; `recv` is for one reader (it blocks)."""
+
+    def __init__(self) -> None:
+        context = multiprocessing.get_context("spawn")  # never fork a process with Qt threads
+        ours, theirs = context.Pipe(duplex=True)
+        self._conn: Connection = ours
+        self._send_lock = threading.Lock()
+        self._epoch = 0
+        self._process: BaseProcess = context.Process(
+            target=child_main, args=(theirs, logging.getLogger().getEffectiveLevel()),
+            name="arbor-engine", daemon=True)
+        self._process.start()
+        theirs.close()  # the child's end lives in the child only: its death is our EOF
+        self.closing = False
+
+    @property
+    def pid(self) -> int | None:
+        return self._process.pid
+
+    @property
+    def alive(self) -> bool:
+        return self._process.is_alive()
+
+    def send(self, request: Request | Crash) -> bool:
+        """Queue a request in the engine; False if the engine is gone (its death is
+        reported by `recv`)."""
+        try:
+            with self._send_lock:
+                if isinstance(request, AdoptCheckpoints):
+                    self._send_checkpoints(request)
+                else:
+                    self._conn.send(request)
+        except (OSError, ValueError):  # a broken pipe, or closed by shutdown
+            return False
+        return True
+
+    def _send_checkpoints(self, request: AdoptCheckpoints) -> None:
+        blobs = [bytes(c.blob or b"") for c in request.checkpoints]
+        bare = tuple(replace(c, blob=None) for c in request.checkpoints)
+        self._conn.send(replace(request, checkpoints=bare))
+        for blob in blobs:
+            self._conn.send_bytes(blob)
+
+    def stop(self) -> None:
+        self.send_control(Stop())
+
+    def preempt(self) -> int:
+        """A real request follows: warm-ups in flight become stale. Returns the new epoch."""
+        with self._send_lock:
+            self._epoch += 1
+            epoch = self._epoch
+        self.send_control(Preempt(epoch))
+        return epoch
+
+    def epoch(self) -> int:
+        return self._epoch
+
+    def send_control(self, message: Stop | Preempt | Shutdown) -> None:
+        try:
+            with self._send_lock:
+                self._conn.send(message)
+        except (OSError, ValueError):
+            pass  # gone: recv reports it
+
+    def recv(self) -> Event:
+        """The next event; `EngineDied` once the process has ended (and then always)."""
+        try:
+            event: Event = self._conn.recv()
+            return event
+        except (EOFError, OSError):
+            self._process.join(SHUTDOWN_TIMEOUT_S)
+            return EngineDied(self._process.exitcode)
+
+    def shutdown(self, timeout: float = SHUTDOWN_TIMEOUT_S) -> None:
+        """Ask the engine to stop and exit; kill it if it has not within `timeout`."""
+        self.closing = True
+        self.send_control(Stop())
+        self.send_control(Shutdown())
+        self._process.join(timeout)
+        if self._process.is_alive():
+            log.warning("the engine did not exit in %.0f s; killing it", timeout)
+            self._process.kill()
+            self._process.join()
+        self._conn.close()
+
+    def kill(self) -> None:
+        """SIGKILL the engine (tests, and a front end that gives up on it)."""
+        if self._process.is_alive():
+            self._process.kill()
+
+
+# --- the child ------------------------------------------------------------------------------
+
+
+def child_main(conn: Connection, log_level: int) -> None:
+    """The engine process: a reader thread for messages, the main thread for requests."""
+    import faulthandler
+
+    logging.basicConfig(level=log_level, stream=sys.stderr,
+                        format="arbor-engine %(levelname)s %(name)s: %(message)s")
+    faulthandler.enable()  # a native crash leaves its stack in the log
+    from engine.llama import builtin_template_names
+    from engine.protocol import EngineStarted
+    from engine.service import EngineService, ThreadControl
+
+    send_lock = threading.Lock()
+
+    def emit(event: Event) -> None:
+        try:
+            with send_lock:
+                conn.send(event)
+        except (OSError, ValueError):
+            os._exit(0)  # the parent is gone: nobody to answer
+
+    control = ThreadControl()
+    requests: queue.SimpleQueue[Request | None] = queue.SimpleQueue()
+    closing = threading.Event()
+    threading.Thread(target=_read, args=(conn, control, requests, closing),
+                     name="arbor-engine-reader", daemon=True).start()
+    service = EngineService(emit, control)
+    emit(EngineStarted(os.getpid(), tuple(builtin_template_names())))
+    while (request := requests.get()) is not None and not closing.is_set():
+        service.handle(request)
+    service.close()
+    conn.close()
+
+
+def _read(conn: Connection, control: object, requests: queue.SimpleQueue[Request | None],
+          closing: threading.Event) -> None:
+    from engine.service import ThreadControl
+
+    assert isinstance(control, ThreadControl)
+    while True:
+        try:
+            message = conn.recv()
+            if isinstance(message, AdoptCheckpoints):
+                blobs = [conn.recv_bytes() for _ in message.checkpoints]
+                message = replace(message, checkpoints=tuple(
+                    replace(c, blob=blob) for c, blob in zip(message.checkpoints, blobs,
+                                                            strict=True)))
+        except (EOFError, OSError):
+            os._exit(0)  # the parent is gone (closed, or killed): so is the engine
+        match message:
+            case Stop():
+                control.stop()
+            case Preempt():
+                control.set_epoch(message.epoch)
+            case Shutdown():  # what runs stops, what is queued is dropped
+                closing.set()
+                control.stop()
+                control.preempt()
+                requests.put(None)
+                return
+            case Crash():
+                if message.kind is CrashKind.KILL:
+                    os.kill(os.getpid(), signal.SIGKILL)
+                os.abort()
+            case GenerateRequest():
+                control.clear_stop()  # in order: a Stop that follows is for this reply
+                requests.put(message)
+            case _:
+                requests.put(message)

@@ -1,0 +1,134 @@
+"""A `Session` whose replies come from an engine process: `replay --engine-process`.
+
+`RemoteReplier` speaks the same protocol as the window (`engine.protocol` over
+`engine.process`), synchronously: it sends a request and reads events until its answer
+comes. So the command line, the tests and the benchmarks run exactly the path the app runs,
+and can compare it with the in-process one.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from engine.errors import ArborError, Cancelled, ModelLoadError
+from engine.process import EngineProcess
+from engine.protocol import (
+    EngineDied,
+    EngineOptions,
+    Event,
+    Failed,
+    ForgetRequest,
+    GenerateRequest,
+    LoadFailed,
+    LoadRequest,
+    ModelLoaded,
+    Piece,
+    Progress,
+    ReplyDone,
+    StoreUsage,
+    Sync,
+    Synced,
+    Warmed,
+    WarmRequest,
+)
+from engine.reply import (
+    CancelFn,
+    NodeView,
+    PieceFn,
+    ProgressFn,
+    Rendered,
+    ReplyReport,
+    ReplyResult,
+)
+from engine.tree import Node
+
+log = logging.getLogger(__name__)
+
+
+class EngineCrashed(ArborError):
+    """The engine process ended in the middle of a request."""
+
+
+class RemoteReplier:
+    def __init__(self, process: EngineProcess | None = None) -> None:
+        self.process = process or EngineProcess()
+        self.usage: StoreUsage | None = None  # the last checkpoint figures the engine sent
+        self._ids = itertools.count(1)
+
+    def load(self, path: str, options: EngineOptions) -> ModelLoaded:
+        self.process.send(LoadRequest(path, options=options))
+        while True:
+            match self._next():
+                case ModelLoaded() as loaded:
+                    return loaded
+                case LoadFailed() as failed:
+                    raise ModelLoadError(failed.message)
+                case _:
+                    pass
+
+    def reply(self, path: Sequence[Node], *, resume: Node | None, max_tokens: int, seed: int,
+              on_progress: ProgressFn | None = None, on_piece: PieceFn | None = None,
+              cancel: CancelFn | None = None) -> ReplyResult:
+        request_id = next(self._ids)
+        self.process.preempt()
+        self.process.send(GenerateRequest(
+            request_id, 0, resume.id if resume is not None else -1,
+            tuple(NodeView.of(node) for node in path),
+            NodeView.of(resume) if resume is not None else None, max_tokens, seed))
+        stopped = False
+        while True:
+            if cancel is not None and not stopped and cancel():
+                self.process.stop()
+                stopped = True
+            match self._next():
+                case Piece() as piece if piece.request_id == request_id:
+                    if on_piece is not None:
+                        on_piece(piece.text)
+                case Progress() as progress if progress.request_id == request_id:
+                    if on_progress is not None:
+                        on_progress(progress.done, progress.total)
+                case ReplyDone() as done if done.request_id == request_id:
+                    return done.result
+                case Failed() as failed if failed.request_id == request_id:
+                    if not failed.message:
+                        raise Cancelled()
+                    raise ArborError(failed.message)
+                case _:
+                    pass
+
+    def warm(self, path: Sequence[Node]) -> tuple[ReplyReport | None, Rendered]:
+        if not path:
+            return None, ()
+        self.process.send(WarmRequest(self.process.epoch(), 0,
+                                      tuple(NodeView.of(node) for node in path)))
+        while True:
+            match self._next():
+                case Warmed() as warmed:
+                    return warmed.report, warmed.rendered
+                case _:
+                    pass
+
+    def forget(self, node_ids: Sequence[int]) -> None:
+        self.process.send(ForgetRequest(tuple(node_ids)))
+
+    def store_report(self) -> dict[str, Any]:
+        """The checkpoint store's figures as they are now (after every request sent)."""
+        token = next(self._ids)
+        self.process.send(Sync(token))
+        while not (isinstance(event := self._next(), Synced) and event.token == token):
+            pass
+        return dict(self.usage.stats) if self.usage is not None else {}
+
+    def close(self) -> None:
+        self.process.shutdown()
+
+    def _next(self) -> Event:
+        event = self.process.recv()
+        if isinstance(event, EngineDied):
+            raise EngineCrashed(f"the engine process ended: {event.describe()}")
+        if isinstance(event, StoreUsage):
+            self.usage = event
+        return event

@@ -1,0 +1,162 @@
+"""The engine in its own process: whatever kills it, the window stays, the conversation is
+saved, and the engine comes back (or, if it keeps dying, stops trying and says so)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from PySide6.QtCore import Qt
+from pytestqt.qtbot import QtBot
+
+import engine.process
+from app.engine_client import ProcessEngine
+from app.main_window import MainWindow
+from app.replies import MAX_RESTARTS
+from engine.protocol import Crash, CrashKind
+from engine.tree import NodeStatus, Role
+from tests.app_fixtures import TIMEOUT, process_gone, send
+
+ROOT = Path(__file__).resolve().parents[1]
+LONG = " ".join(f"Line {i}: the river carries silt to the delta and the sea." for i in range(120))
+
+
+def _messages(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    shown: list[str] = []
+    monkeypatch.setattr("app.main_window.QMessageBox.warning",
+                        lambda _parent, _title, text: shown.append(text))
+    return shown
+
+
+def _engine(window: MainWindow) -> ProcessEngine:
+    assert isinstance(window.engine, ProcessEngine)
+    return window.engine
+
+
+def _kill_when(qtbot: QtBot, window: MainWindow, signal_: object, text: str) -> int:
+    """Send `text`; SIGKILL the engine the first time `signal_` fires; wait for the
+    reload. Returns the dead engine's pid."""
+    engine = _engine(window)
+    dead = engine.pid
+    assert dead is not None
+
+    def kill(*_args: object) -> None:
+        signal_.disconnect(kill)  # type: ignore[attr-defined]
+        engine.kill()
+
+    signal_.connect(kill)  # type: ignore[attr-defined]
+    window.composer.setPlainText(text)
+    with qtbot.waitSignal(window.model_ready, timeout=TIMEOUT):  # loaded again
+        qtbot.keyClick(window.composer, Qt.Key.Key_Return)
+    return dead
+
+
+def test_the_engine_killed_mid_prefill_costs_no_word_and_comes_back(
+    qtbot: QtBot, window: MainWindow, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shown = _messages(monkeypatch)
+    send(qtbot, window, "Hello")
+    before = [(n.role, n.text) for n in window.tree.messages()]
+    dead = _kill_when(qtbot, window, window.replies.preparing, LONG)
+    assert process_gone(dead) and window.replies.engine_pid not in (None, dead)
+    assert len(shown) == 1 and "killed" in shown[0] and "Loading the model again" in shown[0]
+    assert "Traceback" not in shown[0]
+    # The user message is kept, the reply that never said a word is not.
+    assert [(n.role, n.text) for n in window.tree.messages()] == [*before, (Role.USER, LONG)]
+    stored = window.store.load(window.current or 0)
+    assert [(n.role, n.text) for n in stored.messages()] == [*before, (Role.USER, LONG)]
+    assert window.replies.streaming is None and window.send_button.text() == "Send"
+    send(qtbot, window, "Are you back?")  # the new engine answers
+    assert window.tree.messages()[-1].role is Role.ASSISTANT
+
+
+def test_the_engine_killed_mid_reply_keeps_the_reply_interrupted_and_continuable(
+    qtbot: QtBot, window: MainWindow, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shown = _messages(monkeypatch)
+    window.models.apply_settings(replace(window.settings, max_tokens=400))
+    _kill_when(qtbot, window, window.text_shown, "Tell me a long story.")
+    reply = window.tree.messages()[-1]
+    assert reply.role is Role.ASSISTANT and reply.status is NodeStatus.INTERRUPTED and reply.text
+    saved = window.store.load(window.current or 0).messages()[-1]
+    assert (saved.id, saved.status) == (reply.id, NodeStatus.INTERRUPTED)
+    assert saved.text and reply.text.startswith(saved.text)  # saved as it grew
+    assert "Continue" in shown[0]
+    partial = reply.text
+    with qtbot.waitSignal(window.reply_finished, timeout=TIMEOUT):
+        window.controller.continue_reply()
+    assert reply.text.startswith(partial) and reply.status is NodeStatus.COMPLETE
+
+
+def test_llama_cpp_aborting_is_reported_and_the_engine_reloads(
+    qtbot: QtBot, window: MainWindow, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shown = _messages(monkeypatch)
+    with qtbot.waitSignal(window.model_ready, timeout=TIMEOUT):
+        _engine(window).send(Crash(CrashKind.ABORT))
+    assert len(shown) == 1 and "llama.cpp aborted" in shown[0]
+    send(qtbot, window, "Still here?")
+    assert window.tree.messages()[-1].role is Role.ASSISTANT
+
+
+def test_an_engine_that_dies_on_every_start_ends_in_a_message_not_a_loop(
+    qtbot: QtBot, window: MainWindow, monkeypatch: pytest.MonkeyPatch,
+    tiny_models: dict[str, Path],
+) -> None:
+    shown = _messages(monkeypatch)
+    monkeypatch.setattr(engine.process, "child_main",
+                        __import__("tests.engine_faults").engine_faults.abort_at_start)
+    _engine(window).send(Crash(CrashKind.KILL))
+    qtbot.waitUntil(lambda: not window.engine.running, timeout=TIMEOUT)
+    assert len(shown) == MAX_RESTARTS
+    assert f"stopped {MAX_RESTARTS} times in a row" in shown[-1] and "Ctrl+M" in shown[-1]
+    assert window.replies.model is None
+    window.composer.setPlainText("Anyone?")  # the window still works: it says why not
+    qtbot.keyClick(window.composer, Qt.Key.Key_Return)
+    assert "loading" in window.statusBar().currentMessage()
+    monkeypatch.undo()  # a working engine again: choosing a model starts it
+    with qtbot.waitSignal(window.model_ready, timeout=TIMEOUT):
+        window.models.load_model(str(tiny_models["dense"]))
+    send(qtbot, window, "Back?")
+    assert window.tree.messages()[-1].role is Role.ASSISTANT
+
+
+def test_an_engine_outlives_no_window_killed_with_sigkill(tmp_path: Path) -> None:
+    """The window's process dies without a word: its engine notices and exits."""
+    script = textwrap.dedent("""
+        import sys, time
+        from PySide6.QtWidgets import QApplication
+        from app.engine_client import ProcessEngine
+        app = QApplication([])
+        engine = ProcessEngine()
+        print(engine.pid, flush=True)
+        time.sleep(600)
+    """)
+    env = {**os.environ, "QT_QPA_PLATFORM": "offscreen", "ARBOR_HOME": str(tmp_path)}
+    owner = subprocess.Popen([sys.executable, "-c", script], cwd=ROOT, env=env,
+                             stdout=subprocess.PIPE, text=True)
+    assert owner.stdout is not None
+    child = int(owner.stdout.readline())
+    assert not process_gone(child)
+    owner.send_signal(signal.SIGKILL)
+    owner.wait()
+    for _ in range(600):  # a hang guard, not a speed claim: it exits as soon as it reads EOF
+        if process_gone(child) or _zombie(child):
+            break
+        time.sleep(0.1)
+    assert process_gone(child) or _zombie(child)
+
+
+def _zombie(pid: int) -> bool:
+    """Exited, waiting for a parent that is gone to reap it (init reaps it soon)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
+    except OSError:
+        return True
