@@ -52,7 +52,8 @@ def measure(kind: str, base: Path) -> Stalls:
 
     engine: EngineClient = ThreadEngine() if kind == "thread" else ProcessEngine()
     settings = Settings(max_tokens=200, n_ctx=4096, seed=7)
-    window = MainWindow(store=Store(base / f"{kind}.db"), settings=settings, engine=engine)
+    store = Store(Path(tempfile.mkdtemp(dir=base)) / "c.db")  # a fresh conversation each run
+    window = MainWindow(store=store, settings=settings, engine=engine)
     window.show()
     loop = QEventLoop()
     window.model_ready.connect(loop.quit)
