@@ -25,6 +25,7 @@ import queue
 import signal
 import sys
 import threading
+import time
 from dataclasses import replace
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -128,7 +129,10 @@ class EngineProcess:
         self.closing = True
         self.send_control(Stop())
         self.send_control(Shutdown())
-        self._process.join(timeout)
+        deadline = time.monotonic() + timeout
+        while self._process.is_alive() and time.monotonic() < deadline:
+            # join() can return early while a spawned child is still starting up.
+            self._process.join(max(0.0, min(0.1, deadline - time.monotonic())))
         if self._process.is_alive():
             log.warning("the engine did not exit in %.0f s; killing it", timeout)
             self._process.kill()
