@@ -85,10 +85,8 @@ class ProcessEngine(EngineClient):
         return self._process is not None and not self._process.closing
 
     def restart(self) -> None:
-        epoch = self._process.epoch() if self._process is not None else 0
-        process = EngineProcess()
-        for _ in range(epoch):  # stale warm-ups stay stale across a restart
-            process.preempt()
+        # The count goes on: a warm-up sent before the crash stays stale.
+        process = EngineProcess(epoch=self._process.epoch() if self._process else 0)
         self._process = process
         threading.Thread(target=self._pump, args=(process,), name="arbor-engine-events",
                          daemon=True).start()

@@ -21,7 +21,6 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QInputDialog,
     QMainWindow,
-    QMenu,
     QMessageBox,
     QPushButton,
     QSplitter,
@@ -345,11 +344,6 @@ class MainWindow(QMainWindow):
                           f"<table cellspacing='6'>{rows}</table>", parent=self)
         box.exec()
         box.deleteLater()
-
-    def menu(self, title: Menu) -> QMenu:
-        found = next(a.menu() for a in self.menuBar().actions() if a.text() == title.value)
-        assert isinstance(found, QMenu)
-        return found
 
     # --- lifetime ----------------------------------------------------------------------------
 

@@ -107,7 +107,7 @@ class Replies(QObject):
         self._request_ids = itertools.count(1)
         self._sink: StoreSink | None = None
         self._plan: Plan | None = None
-        self._prepare_started = 0.0
+        self.prepare_started = 0.0  # when the reply in progress was sent (monotonic)
         self._warmed_path: tuple[int, ...] | None = None  # what the last warm-up prepared
         self._warm_timer = QTimer(self, singleShot=True, interval=WARM_DELAY_MS)
         self._warm_timer.timeout.connect(self._warm_now)
@@ -172,7 +172,7 @@ class Replies(QObject):
             max_tokens=controller.settings.max_tokens,
             seed=conversation.reply_seed(controller.settings.seed),
         ))
-        self._prepare_started = time.monotonic()
+        self.prepare_started = time.monotonic()
         self.streaming_changed.emit()
         controller.changed.emit()
 
@@ -275,10 +275,6 @@ class Replies(QObject):
     def last_reply(self) -> ReplyReport | None:
         """The figures of the last finished reply."""
         return self.last_result.report if self.last_result is not None else None
-
-    @property
-    def prepare_started(self) -> float:
-        return self._prepare_started
 
     def _on_piece(self, piece: Piece) -> None:
         streaming = self._mine(piece.request_id)

@@ -29,6 +29,7 @@ import time
 from dataclasses import replace
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
+from typing import TYPE_CHECKING
 
 from engine.protocol import (
     AdoptCheckpoints,
@@ -43,6 +44,9 @@ from engine.protocol import (
     Stop,
 )
 
+if TYPE_CHECKING:
+    from engine.service import ThreadControl  # the child's; loads llama.cpp
+
 log = logging.getLogger(__name__)
 
 # How long a clean shutdown may take (a stop lands within a chunk) before the process is killed.
@@ -53,18 +57,21 @@ class EngineProcess:
     """The parent's handle on one engine process. `send` and the control calls are safe
     from any thread; `recv` is for one reader (it blocks)."""
 
-    def __init__(self) -> None:
+    def __init__(self, *, epoch: int = 0) -> None:
+        """`epoch`: the real-request count to go on from (a restart keeps it)."""
         context = multiprocessing.get_context("spawn")  # never fork a process with Qt threads
         ours, theirs = context.Pipe(duplex=True)
         self._conn: Connection = ours
         self._send_lock = threading.Lock()
-        self._epoch = 0
+        self._epoch = epoch
         self._process: BaseProcess = context.Process(
             target=child_main, args=(theirs, logging.getLogger().getEffectiveLevel()),
             name="arbor-engine", daemon=True)
         self._process.start()
         theirs.close()  # the child's end lives in the child only: its death is our EOF
         self.closing = False
+        if epoch:
+            self.send_control(Preempt(epoch))
 
     @property
     def pid(self) -> int | None:
@@ -181,11 +188,8 @@ def child_main(conn: Connection, log_level: int) -> None:
     conn.close()
 
 
-def _read(conn: Connection, control: object, requests: queue.SimpleQueue[Request | None],
-          closing: threading.Event) -> None:
-    from engine.service import ThreadControl
-
-    assert isinstance(control, ThreadControl)
+def _read(conn: Connection, control: ThreadControl,
+          requests: queue.SimpleQueue[Request | None], closing: threading.Event) -> None:
     while True:
         try:
             message = conn.recv()
