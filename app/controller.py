@@ -150,20 +150,21 @@ class ChatController(QObject):
         self.replies.start(self.current, change)
         return True
 
-    def edit(self, node_id: int, text: str) -> None:
-        """A new version beside the old one; a user message gets a new reply. Submitted while
-        a reply streams, the edit waits for the reply to stop (it is stopped), never lost."""
+    def edit(self, node_id: int, text: str, *, answer: bool = True) -> None:
+        """A new version beside the old one; a user message gets a new reply (unless not
+        `answer`: there is no engine to give one). Submitted while a reply streams, the edit
+        waits for the reply to stop (it is stopped), never lost."""
         self.replies.editing = None
         if self.current is None:
             return
         if self.replies.streaming is not None:
             self.replies.defer_edit(self.current, node_id, text)
             return
-        if self.replies.refuse():
+        if answer and self.replies.refuse():
             return
         leaf = self.tree.active_leaf
         change = self.conversation.edit(node_id, text)
-        if self._persist(change, leaf) and change.reply is not None:
+        if self._persist(change, leaf) and change.reply is not None and answer:
             self.replies.start(self.current, change)
         self.changed.emit()
 

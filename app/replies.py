@@ -219,7 +219,8 @@ class Replies(QObject):
                 self._warmed_path = None  # a new context holds nothing
                 self.model_changed.emit()
                 self.model_ready.emit()
-                self.schedule_warm()
+                if self.streaming is None and not self._run_pending_edit():
+                    self.schedule_warm()
             case LoadFailed():
                 self.model_failed.emit(event.message)
             case TemplateChanged():
@@ -230,8 +231,11 @@ class Replies(QObject):
     def _on_engine_died(self, died: EngineDied) -> None:
         """Whatever the engine was doing is lost, nothing saved is: a reply in progress is
         kept as interrupted (Continue picks it up), and the engine starts again with the
-        model it had, unless it keeps dying."""
+        model it had, unless it keeps dying. An edit that waited for the reply to stop is
+        answered once the model is back; if it is not coming back, the edit is saved
+        unanswered."""
         streaming = self.streaming
+        pending, self._pending_edit = self._pending_edit, None
         if streaming is not None:
             self.interrupt(streaming)
             self._end_reply(warm=False)
@@ -243,11 +247,15 @@ class Replies(QObject):
             if streaming is not None else ""
         if self._deaths >= MAX_RESTARTS or self._model_path is None:
             self.engine.shutdown()
+            if pending is not None:
+                self._run_edit(pending, answer=False)
+                saved += " Your edit is saved; Regenerate answers it once a model is loaded."
             again = (f" It stopped {self._deaths} times in a row, so Arbor leaves it off: "
                      "open a model (Ctrl+M) to try again." if self._model_path else
                      " Open a model (Ctrl+M) to start it again.")
             self.engine_lost.emit(what + saved + again)
             return
+        self._pending_edit = pending  # answered when the model is loaded again
         self.engine.restart()
         self.load(self._model_path)
         self.engine_lost.emit(what + saved + " Loading the model again…")
@@ -327,16 +335,22 @@ class Replies(QObject):
         self.streaming_changed.emit()
         self.controller.changed.emit()
         self.reply_finished.emit()
-        pending, self._pending_edit = self._pending_edit, None
-        if pending is not None:
-            cid, node_id, text = pending
-            tree = self.controller.tree_of(cid)
-            if tree is not None and node_id in tree:
-                self.controller.open_conversation(cid)
-                self.controller.edit(node_id, text)
-                return
-        if warm:
+        if warm and not self._run_pending_edit():
             self.schedule_warm()
+
+    def _run_pending_edit(self) -> bool:
+        """The edit submitted during a reply, now that nothing streams. True if it ran."""
+        pending, self._pending_edit = self._pending_edit, None
+        return pending is not None and self._run_edit(pending)
+
+    def _run_edit(self, edit: tuple[int, int, str], *, answer: bool = True) -> bool:
+        cid, node_id, text = edit
+        tree = self.controller.tree_of(cid)
+        if tree is None or node_id not in tree:
+            return False
+        self.controller.open_conversation(cid)
+        self.controller.edit(node_id, text, answer=answer)
+        return True
 
     def _on_usage(self, usage: StoreUsage) -> None:
         self.usage = usage

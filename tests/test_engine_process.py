@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -20,9 +21,11 @@ import engine.process
 from app.engine_client import ProcessEngine
 from app.main_window import MainWindow
 from app.replies import MAX_RESTARTS
+from engine.params import Source
 from engine.protocol import Crash, CrashKind
+from engine.reply import ReplyReport
 from engine.tree import NodeStatus, Role
-from tests.app_fixtures import TIMEOUT, process_gone, send
+from tests.app_fixtures import TIMEOUT, destroy, open_window, process_gone, send
 
 ROOT = Path(__file__).resolve().parents[1]
 LONG = " ".join(f"Line {i}: the river carries silt to the delta and the sea." for i in range(120))
@@ -95,6 +98,63 @@ def test_the_engine_killed_mid_reply_keeps_the_reply_interrupted_and_continuable
     assert reply.text.startswith(partial) and reply.status is NodeStatus.COMPLETE
 
 
+def test_an_edit_waiting_on_a_reply_when_the_engine_dies_is_answered_after_the_reload(
+    qtbot: QtBot, window: MainWindow, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shown = _messages(monkeypatch)
+    window.models.apply_settings(replace(window.settings, max_tokens=400))
+    send(qtbot, window, "First question")
+    asked = window.tree.messages()[0]
+    engine = _engine(window)
+
+    def edit_then_kill(*_args: object) -> None:
+        window.text_shown.disconnect(edit_then_kill)
+        window.controller.edit(asked.id, "First question, asked better")  # waits on the reply
+        engine.kill()
+
+    window.text_shown.connect(edit_then_kill)
+    window.composer.setPlainText("Tell me a long story.")
+    with qtbot.waitSignal(window.model_ready, timeout=TIMEOUT):
+        qtbot.keyClick(window.composer, Qt.Key.Key_Return)
+    # Loaded again: the edit runs and is answered by the new engine.
+    qtbot.waitUntil(lambda: window.replies.streaming is None
+                    and window.tree.messages()[0].text == "First question, asked better",
+                    timeout=TIMEOUT)
+    path = window.tree.messages()
+    assert [n.role for n in path] == [Role.USER, Role.ASSISTANT]
+    assert path[1].status is NodeStatus.COMPLETE and path[1].text
+    stored = window.store.load(window.current or 0)
+    assert [n.text for n in stored.messages()] == [n.text for n in path]
+    assert len(shown) == 1
+
+
+def test_an_edit_waiting_when_the_engine_is_given_up_is_saved_unanswered(
+    qtbot: QtBot, window: MainWindow, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shown = _messages(monkeypatch)
+    window.models.apply_settings(replace(window.settings, max_tokens=400))
+    send(qtbot, window, "First question")
+    asked = window.tree.messages()[0]
+    monkeypatch.setattr(window.replies, "_deaths", MAX_RESTARTS - 1)  # the last chance
+    engine = _engine(window)
+
+    def edit_then_kill(*_args: object) -> None:
+        window.text_shown.disconnect(edit_then_kill)
+        window.controller.edit(asked.id, "First question, asked better")
+        engine.kill()
+
+    window.text_shown.connect(edit_then_kill)
+    window.composer.setPlainText("Tell me a long story.")
+    qtbot.keyClick(window.composer, Qt.Key.Key_Return)
+    qtbot.waitUntil(lambda: not window.engine.running, timeout=TIMEOUT)
+    path = window.tree.messages()
+    assert [(n.role, n.text) for n in path] == [(Role.USER, "First question, asked better")]
+    stored = window.store.load(window.current or 0)
+    assert [n.text for n in stored.messages()] == ["First question, asked better"]
+    assert len(shown) == 1 and "Your edit is saved" in shown[0]
+    assert window.replies.streaming is None
+
+
 def test_llama_cpp_aborting_is_reported_and_the_engine_reloads(
     qtbot: QtBot, window: MainWindow, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -160,3 +220,49 @@ def _zombie(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
     except OSError:
         return True
+
+
+@pytest.fixture
+def smol_window(qtbot: QtBot, tmp_path: Path, smollm2_path: Path) -> Iterator[MainWindow]:
+    """The window on the bundled SmolLM2, whose states are big enough to spill to disk."""
+    win = open_window(qtbot, tmp_path, smollm2_path)
+    yield win
+    win.close()
+    destroy(win)
+
+
+def _stats(window: MainWindow) -> dict[str, int]:
+    usage = window.replies.usage
+    return {k: v for k, v in usage.stats if isinstance(v, int)} if usage is not None else {}
+
+
+def test_disk_tier_checkpoints_outlive_the_engine_and_serve_the_next_one(
+    qtbot: QtBot, smol_window: MainWindow, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The checkpoints a killed engine spilled to disk are offered to the engine that
+    replaces it: the first prepare after the restart restores the prompt-end state instead
+    of decoding the long message again."""
+    shown = _messages(monkeypatch)
+    window = smol_window
+    # 16 MiB of RAM holds less than one state of this long prompt: the rest spills.
+    window.models.apply_settings(replace(window.settings, checkpoint_ram_mib=16, max_tokens=8))
+    send(qtbot, window, LONG[:3000])
+    qtbot.waitUntil(lambda: _stats(window).get("disk_count", 0) > 0, timeout=TIMEOUT)
+    first = window.replies.last_reply
+    assert first is not None and first.prompt_tokens > 600
+
+    reports: list[ReplyReport] = []
+    window.replies.warmed.connect(lambda warmed: reports.append(warmed.report))
+    with qtbot.waitSignal(window.model_ready, timeout=TIMEOUT):
+        _engine(window).kill()
+    assert len(shown) == 1 and "killed" in shown[0]
+    send(qtbot, window, "And then?")
+    assert window.replies.last_reply is not None
+    reports.append(window.replies.last_reply)
+    # The new engine's first prepare (a warm-up, or the reply itself) restored a state from
+    # disk that covers most of the long message.
+    restored = [r for r in reports if r.source is Source.CHECKPOINT]
+    assert restored, [(r.source, r.decoded_tokens) for r in reports]
+    assert (restored[0].checkpoint_pos or 0) > first.prompt_tokens // 2
+    assert restored[0].decoded_tokens < first.prompt_tokens // 2
+    qtbot.waitUntil(lambda: _stats(window).get("restored", 0) >= 1, timeout=TIMEOUT)

@@ -19,8 +19,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+# ~2,000 tokens with SmolLM2's tokenizer; the request makes it write all 200 tokens (a prompt
+# of notes alone got a 38-token answer).
 PROMPT = " ".join(f"Note {i}: the tide rises twice a day and the delta grows by silt."
-                  for i in range(125))  # ~2,000 tokens with SmolLM2's tokenizer
+                  for i in range(110)) + (
+    "\n\nWrite a long story about a fisherman who lives on this delta.")
 
 
 @dataclass
