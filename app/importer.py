@@ -4,9 +4,11 @@ to the database on a short-lived QThread, over its own SQLite connection.
 A 41 MB ChatGPT `conversations.json` (1,500 conversations) takes about 4 s to parse and 2.6 s
 to commit; either would freeze the window. The thread opens the database a second time
 (`Store(path, recover=False)`: the program's own connection may be streaming a reply, which
-must not be marked interrupted) and commits in one transaction, so the import is all or
-nothing. WAL lets the GUI thread's connection read throughout; a GUI write that comes during
-the commit waits for it (SQLite's busy timeout). The window then reloads the sidebar.
+must not be marked interrupted). The store writes the conversations hidden, in slices of
+`IMPORT_SLICE` messages with a transaction each, and shows them all in one last short
+transaction, so the import is all or nothing and yet never holds the write lock for long:
+WAL lets the GUI thread's connection read throughout, and a GUI write waits for one slice
+at most (well under SQLite's 5 s busy timeout). The window then reloads the sidebar.
 
 One import at a time: `start` refuses a second file while one runs (returns False; the
 window says so) rather than queueing, so a user who picked the wrong file is not surprised
@@ -14,9 +16,10 @@ by a second import minutes later.
 
 Shutdown: `shutdown` sets the cancel event and waits for the thread. The parse sees the
 event between its stages and every 100 conversations; the commit sees it within a few
-thousand SQLite steps (a progress handler) and rolls back. So closing the window mid-import
-commits nothing, leaves no QThread running and never reaches "QThread: Destroyed while
-thread is still running".
+thousand SQLite steps (a progress handler) and rolls back; the slices already written stay
+hidden and the program's next start removes them. So closing the window mid-import shows
+nothing, leaves no QThread running and never reaches "QThread: Destroyed while thread is
+still running".
 """
 
 from __future__ import annotations

@@ -1,4 +1,5 @@
-"""Atomic file writes: a temp file in the same folder, fsync, os.replace, fsync of the folder.
+"""Atomic file writes: a temp file in the same folder, its permissions, its data, fsync,
+os.replace, fsync of the folder; a folder made on the way is synced into its parent too.
 
 A crash or a full disk leaves either the old file or the new one, never a half-written one
 (LESSONS.md: GPT4All lost chats to 0-byte files written in place). Every file Arbor writes
@@ -19,16 +20,16 @@ from typing import BinaryIO
 @contextlib.contextmanager
 def atomic_writer(path: Path, *, mode: int | None = None) -> Iterator[BinaryIO]:
     """Yield a binary file; on success it replaces `path`, on any error it vanishes. The
-    file is created 0600 (mkstemp); `mode` sets other permissions before it appears."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    file is created 0600 (mkstemp); `mode` sets other permissions, synced with the data."""
+    make_folder(path.parent)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
+            if mode is not None:
+                os.chmod(tmp, mode)
             yield f
             f.flush()
             os.fsync(f.fileno())
-        if mode is not None:
-            os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
@@ -44,7 +45,7 @@ def write_atomic(path: Path, data: bytes, *, mode: int | None = None) -> None:
 def create_once(path: Path, data: bytes) -> bool:
     """Create `path` holding `data` (mode 0600) unless it exists: complete or not at all,
     and never over a file another process created first. False when it already existed."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+    make_folder(path.parent)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "wb") as f:
@@ -59,6 +60,22 @@ def create_once(path: Path, data: bytes) -> bool:
         Path(tmp).unlink(missing_ok=True)
     fsync_folder(path.parent)
     return True
+
+
+def make_folder(folder: Path) -> None:
+    """Create `folder` and any missing parents, each synced into its parent: a file made
+    durable inside a folder whose own name was lost in a power cut is lost with it."""
+    if folder.is_dir():
+        return
+    if folder.parent != folder:
+        make_folder(folder.parent)
+    try:
+        folder.mkdir()
+    except FileExistsError:
+        if not folder.is_dir():
+            raise
+        return  # made by someone else just now
+    fsync_folder(folder.parent)
 
 
 def fsync_folder(folder: Path) -> None:

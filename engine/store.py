@@ -7,6 +7,11 @@
 - Every write error (disk full, I/O error, read-only file) becomes `StoreWriteError` with a
   clear message; the transaction is rolled back, so nothing already saved is lost.
 - A reply that was streaming when the process died reopens as interrupted.
+- An import writes in slices of `IMPORT_SLICE` messages, each its own short transaction, so
+  the window's writes never wait long; its conversations stay hidden until one last small
+  transaction shows them all. What a failed or killed import left is removed.
+- A branch, however deep, is deleted without SQLite's cascade (which recurses once per
+  generation and stops at 1,000 levels).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ import builtins
 import contextlib
 import json
 import logging
+import secrets
 import sqlite3
 import time
 from array import array
@@ -23,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from engine.atomic import fsync_folder, make_folder
 from engine.conversation import Conversation
 from engine.errors import ArborError
 from engine.paths import data_dirs
@@ -33,6 +40,7 @@ log = logging.getLogger(__name__)
 
 DB_NAME = "conversations.db"
 PURGE_AFTER_S = 30 * 24 * 3600  # soft-deleted conversations are purged after 30 days
+IMPORT_SLICE = 5_000  # messages an import writes per transaction: what a GUI write may wait
 
 
 class StoreError(ArborError):
@@ -95,8 +103,13 @@ def _run_script(db: sqlite3.Connection, script: str) -> None:
             db.execute(statement)
 
 
+def _migration_2(db: sqlite3.Connection) -> None:
+    # An import's conversations carry its token here, hidden, until all of them are written.
+    db.execute("ALTER TABLE conversations ADD COLUMN pending TEXT")
+
+
 # Numbered migrations: MIGRATIONS[i] brings the schema from version i to i + 1.
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_migration_1]
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_migration_1, _migration_2]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 
@@ -131,13 +144,17 @@ class Store:
 
     def __init__(self, path: Path | None = None, *, recover: bool = True) -> None:
         """Open (and create or migrate) the database. `recover` marks replies left streaming
-        by a crash as interrupted: right for the program's own connection, wrong for a second
-        one opened while the first may be streaming a reply (a background import)."""
+        by a crash as interrupted and removes what an unfinished import left: right for the
+        program's own connection, wrong for a second one opened while the first may be
+        streaming a reply or importing (a background import, another Arbor process)."""
         self.path = path or data_dirs().data / DB_NAME
         self._cancel: Callable[[], bool] | None = None
         self._db = self._open(self.path)
         if recover:
             self._recover_streaming()
+            discarded = self._discard_pending(None)
+            if discarded:
+                log.info("removed %d conversations of an unfinished import", discarded)
             purged = self.purge()  # the promise: deleted conversations go after 30 days
             if purged:
                 log.info("purged %d conversations deleted over 30 days ago", purged)
@@ -168,7 +185,7 @@ class Store:
         if existed:
             _check_header(path)
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            make_folder(path.parent)
             db = sqlite3.connect(path, isolation_level=None, check_same_thread=True)
         except (OSError, sqlite3.Error) as exc:
             raise StoreOpenError(f"cannot open the conversation database {path}: {exc}") from exc
@@ -185,8 +202,12 @@ class Store:
             mode = db.execute("PRAGMA journal_mode = WAL").fetchone()[0]
             if str(mode).lower() != "wal":
                 log.warning("the database could not switch to WAL (mode %s)", mode)
+            # In WAL, FULL syncs the log at every COMMIT: what the user was told is saved
+            # survives a power cut (NORMAL syncs only at checkpoints).
             db.execute("PRAGMA synchronous = FULL")
             db.execute("PRAGMA busy_timeout = 5000")
+            if not existed:
+                fsync_folder(path.parent)  # the new file's name; SQLite syncs its contents
         except StoreOpenError:
             db.close()
             raise
@@ -256,13 +277,10 @@ class Store:
         """Save a whole tree as a new conversation, in one transaction."""
         now = time.time()
         with self._tx() as db:
-            cursor = db.execute(
-                "INSERT INTO conversations (title, created, updated, active_leaf, settings, "
-                "model) VALUES (?, ?, ?, ?, ?, ?)",
-                (title, now, now, tree.active_leaf, json.dumps(settings or {}),
-                 json.dumps(model) if model is not None else None),
+            conversation_id = self._insert_conversation(
+                db, tree, title=title, created=now, updated=now, settings=settings or {},
+                model=model,
             )
-            conversation_id = int(cursor.lastrowid or 0)
             self._insert_new_nodes(db, conversation_id, list(tree.nodes()))
         return conversation_id
 
@@ -325,40 +343,76 @@ class Store:
         )
 
     def import_records(
-        self, records: Sequence[ConversationRecord], *, trees: Sequence[Tree] | None = None
-    ) -> list[int]:
-        """Add conversations from a file, all in one transaction: on any error, none.
-        `trees`, when given, are `to_tree(record)` for each record, built beforehand (off the
-        thread that owns the store)."""
+        self, records: Sequence[ConversationRecord], *, trees: Sequence[Tree] | None = None,
+        progress: Callable[[int, int], None] | None = None,
+    ) -> builtins.list[int]:
+        """Add conversations from a file: all of them or, on any error, none. `trees`, when
+        given, are `to_tree(record)` for each record, built beforehand (off the thread that
+        owns the store).
+
+        Written in slices of `IMPORT_SLICE` messages, one transaction each, so that another
+        connection's write waits for one slice at most, never for the whole file. The
+        conversations stay hidden until a last transaction shows them all at once. On an
+        error what was written is removed; what a cancelled or killed import left, hidden,
+        goes when the store is next opened with `recover`. `progress(done, total)` (in
+        messages) is called between slices, outside any transaction."""
         if trees is None:
             trees = [to_tree(record) for record in records]  # validates each record
         if len(trees) != len(records):
             raise ValueError("one tree per record")
-        pairs = list(zip(records, trees, strict=True))
-        ids: list[int] = []
-        with self._tx() as db:
-            for record, tree in pairs:
-                cursor = db.execute(
-                    "INSERT INTO conversations (title, created, updated, active_leaf, "
-                    "settings, model) VALUES (?, ?, ?, ?, ?, ?)",
-                    (record.title, record.created or time.time(),
-                     record.updated or time.time(), tree.active_leaf,
-                     json.dumps(record.settings),
-                     json.dumps(record.model) if record.model is not None else None),
-                )
-                conversation_id = int(cursor.lastrowid or 0)
-                self._insert_new_nodes(db, conversation_id, list(tree.nodes()))
-                ids.append(conversation_id)
+        token = secrets.token_hex(8)
+        ids: builtins.list[int] = []
+        total, done = sum(len(tree) for tree in trees), 0
+        try:
+            for pieces in _slices(trees, IMPORT_SLICE):
+                with self._tx() as db:
+                    for index, nodes in pieces:
+                        if index == len(ids):  # the first slice of this conversation
+                            record, now = records[index], time.time()
+                            ids.append(self._insert_conversation(
+                                db, trees[index], title=record.title,
+                                created=record.created or now, updated=record.updated or now,
+                                settings=record.settings, model=record.model, pending=token,
+                            ))
+                        self._insert_new_nodes(db, ids[index], nodes)
+                done += sum(len(nodes) for _, nodes in pieces)
+                if progress is not None:
+                    progress(done, total)
+            with self._tx() as db:
+                shown = db.execute("UPDATE conversations SET pending = NULL WHERE pending = ?",
+                                   (token,)).rowcount
+                if shown != len(ids):
+                    raise StoreWriteError("the import was cut short: another Arbor opened the "
+                                          "database meanwhile; nothing was imported")
+        except BaseException:
+            with contextlib.suppress(StoreError):  # else it goes at the next open
+                self._discard_pending(token)
+            raise
         return ids
 
     def list(self, *, include_deleted: bool = False) -> list[ConversationInfo]:
         """Conversations, most recently updated first."""
-        where = "" if include_deleted else "WHERE c.deleted_at IS NULL"
+        where = "WHERE c.pending IS NULL" + ("" if include_deleted
+                                             else " AND c.deleted_at IS NULL")
         rows = self._db.execute(
             f"SELECT {_INFO_COLUMNS} FROM conversations c {where} "
             "ORDER BY c.updated DESC, c.id DESC"
         ).fetchall()
         return [ConversationInfo(*row) for row in rows]
+
+    def exists(self, conversation_id: int) -> bool:
+        """A conversation that is there and not in the bin."""
+        return self._db.execute(
+            "SELECT 1 FROM conversations WHERE id = ? AND pending IS NULL "
+            "AND deleted_at IS NULL", (conversation_id,)).fetchone() is not None
+
+    def find_api_tree(self, key: str) -> int | None:
+        """The newest conversation (not in the bin) the local API keeps under `key`."""
+        row = self._db.execute(
+            "SELECT id FROM conversations WHERE pending IS NULL AND deleted_at IS NULL "
+            "AND json_extract(settings, '$.api_tree') = ? ORDER BY id DESC LIMIT 1",
+            (key,)).fetchone()
+        return int(row[0]) if row is not None else None
 
     def rename(self, conversation_id: int, title: str) -> None:
         with self._tx() as db:
@@ -389,8 +443,7 @@ class Store:
                 (cutoff,),
             )]
             for conversation_id in doomed:
-                self._unindex_conversation(db, conversation_id)
-                db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
+                self._delete_conversation(db, conversation_id)
         return len(doomed)
 
     def fork(self, conversation_id: int, node_id: int, *, title: str | None = None) -> int:
@@ -411,14 +464,34 @@ class Store:
             "snippet(nodes_fts, 0, '[', ']', '…', 12) "
             "FROM nodes_fts JOIN nodes_fts_map m ON m.rowid = nodes_fts.rowid "
             "JOIN conversations c ON c.id = m.conversation_id "
-            "WHERE nodes_fts MATCH ? AND c.deleted_at IS NULL "
+            "WHERE nodes_fts MATCH ? AND c.deleted_at IS NULL AND c.pending IS NULL "
             "ORDER BY c.updated DESC, rank LIMIT ?",
             (terms, limit),
         ).fetchall()
         return [SearchHit(*row) for row in rows]
 
     def integrity_ok(self) -> bool:
-        return self._db.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
+        return not self.problems()
+
+    def problems(self) -> builtins.list[str]:
+        """What is wrong with the database, in words; empty when it is sound. SQLite's
+        integrity check, the foreign keys, and the search index against the messages."""
+        found = [row[0] for row in self._db.execute("PRAGMA integrity_check")
+                 if row[0] != "ok"]
+        found += [f"a row of {table} (rowid {rowid}) points to a missing row of {parent}"
+                  for table, rowid, parent, _ in self._db.execute("PRAGMA foreign_key_check")]
+        for what, sql in _INDEX_CHECKS:
+            count = self._db.execute(sql).fetchone()[0]
+            if count:
+                found.append(f"{count} {what}")
+        try:  # FTS5's own check of its index against its text; it writes nothing
+            self._db.execute("INSERT INTO nodes_fts (nodes_fts, rank) "
+                             "VALUES ('integrity-check', 1)")
+        except sqlite3.DatabaseError as exc:
+            if getattr(exc, "sqlite_errorcode", 0) & 0xFF != sqlite3.SQLITE_CORRUPT:
+                raise StoreError(f"cannot check the search index: {exc}") from exc
+            found.append(f"the search index is damaged ({exc})")
+        return found
 
     # --- internals ---------------------------------------------------------------------
 
@@ -453,11 +526,25 @@ class Store:
             self._index_text(db, conversation_id, node.id, node.text)
 
     @staticmethod
+    def _insert_conversation(db: sqlite3.Connection, tree: Tree, *, title: str,
+                             created: float, updated: float, settings: dict[str, Any],
+                             model: dict[str, Any] | None, pending: str | None = None) -> int:
+        cursor = db.execute(
+            "INSERT INTO conversations (title, created, updated, active_leaf, settings, model, "
+            "pending) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (title, created, updated, tree.active_leaf, json.dumps(settings),
+             json.dumps(model) if model is not None else None, pending),
+        )
+        return int(cursor.lastrowid or 0)
+
+    @staticmethod
     def _insert_new_nodes(db: sqlite3.Connection, conversation_id: int,
                           nodes: Sequence[Node]) -> None:
-        """All the nodes of a conversation that has none yet, and their search index, in
+        """New nodes whose parents are saved or among them, and their search index, in
         bulk: an import of 30,000 messages is a handful of statements, not 120,000."""
         ordered = sorted(nodes, key=lambda n: n.id)  # parents first: the foreign key holds
+        # Search entries get rowids above every existing one (INTEGER PRIMARY KEY).
+        first = db.execute("SELECT COALESCE(MAX(rowid), 0) FROM nodes_fts_map").fetchone()[0]
         db.executemany(
             "INSERT INTO nodes (conversation_id, id, parent_id, role, text, tokens, created, "
             "status, last_active_child, meta) VALUES (?,?,?,?,?,?,?,?,?,?)",
@@ -472,8 +559,8 @@ class Store:
         db.execute(
             "INSERT INTO nodes_fts (rowid, text) SELECT m.rowid, n.text FROM nodes_fts_map m "
             "JOIN nodes n ON n.conversation_id = m.conversation_id AND n.id = m.node_id "
-            "WHERE m.conversation_id = ?",
-            (conversation_id,),
+            "WHERE m.rowid > ?",
+            (first,),
         )
 
     def _index_text(self, db: sqlite3.Connection, conversation_id: int, node_id: int,
@@ -491,26 +578,75 @@ class Store:
         )
         db.execute("INSERT INTO nodes_fts (rowid, text) VALUES (?, ?)", (cursor.lastrowid, text))
 
-    def _delete_nodes(self, db: sqlite3.Connection, conversation_id: int,
+    @staticmethod
+    def _delete_nodes(db: sqlite3.Connection, conversation_id: int,
                       node_ids: Sequence[int]) -> None:
-        for node_id in node_ids:
-            row = db.execute(
-                "SELECT rowid FROM nodes_fts_map WHERE conversation_id = ? AND node_id = ?",
-                (conversation_id, node_id),
-            ).fetchone()
-            if row is not None:
-                db.execute("DELETE FROM nodes_fts WHERE rowid = ?", (row[0],))
-                db.execute("DELETE FROM nodes_fts_map WHERE rowid = ?", (row[0],))
-        for node_id in sorted(node_ids, reverse=True):
-            db.execute("DELETE FROM nodes WHERE conversation_id = ? AND id = ?",
-                       (conversation_id, node_id))
+        """Delete nodes with everything under them (the schema's cascade promises as much),
+        and their search entries. The branch is gathered breadth first (SQLite runs a
+        recursive query from a queue, with no depth limit)."""
+        doomed = [row[0] for row in db.execute(
+            "WITH RECURSIVE doomed(id) AS (SELECT value FROM json_each(?) "
+            "UNION SELECT n.id FROM nodes n JOIN doomed d "
+            "ON n.conversation_id = ? AND n.parent_id = d.id) SELECT id FROM doomed",
+            (json.dumps(list(node_ids)), conversation_id),
+        )]
+        Store._delete_rows(db, conversation_id, doomed)
 
-    def _unindex_conversation(self, db: sqlite3.Connection, conversation_id: int) -> None:
-        rows = db.execute("SELECT rowid FROM nodes_fts_map WHERE conversation_id = ?",
-                          (conversation_id,)).fetchall()
-        for (rowid,) in rows:
-            db.execute("DELETE FROM nodes_fts WHERE rowid = ?", (rowid,))
-        db.execute("DELETE FROM nodes_fts_map WHERE conversation_id = ?", (conversation_id,))
+    @staticmethod
+    def _delete_conversation(db: sqlite3.Connection, conversation_id: int) -> None:
+        doomed = [row[0] for row in db.execute(
+            "SELECT id FROM nodes WHERE conversation_id = ?", (conversation_id,))]
+        Store._delete_rows(db, conversation_id, doomed)
+        db.execute("DELETE FROM conversations WHERE id = ?", (conversation_id,))
+
+    @staticmethod
+    def _delete_rows(db: sqlite3.Connection, conversation_id: int,
+                     node_ids: Sequence[int]) -> None:
+        """Delete these nodes, every descendant of each among them, and their search
+        entries. Each is cut from its parent first: deleting a parent would make SQLite
+        cascade down its branch one trigger level per generation, and it stops at 1,000."""
+        rows = [(conversation_id, node_id) for node_id in node_ids]
+        db.executemany(
+            "DELETE FROM nodes_fts WHERE rowid = (SELECT rowid FROM nodes_fts_map "
+            "WHERE conversation_id = ? AND node_id = ?)", rows,
+        )
+        db.executemany("DELETE FROM nodes_fts_map WHERE conversation_id = ? AND node_id = ?",
+                       rows)
+        db.executemany("UPDATE nodes SET parent_id = NULL WHERE conversation_id = ? AND id = ?",
+                       rows)
+        db.executemany("DELETE FROM nodes WHERE conversation_id = ? AND id = ?", rows)
+
+    def _discard_pending(self, token: str | None) -> int:
+        """Remove the hidden conversations of the import `token` (None: of any import), one
+        transaction each, so that nothing waits long. Returns how many went."""
+        where, args = (("pending = ?", (token,)) if token is not None
+                       else ("pending IS NOT NULL", ()))
+        doomed = [row[0] for row in self._db.execute(
+            f"SELECT id FROM conversations WHERE {where}", args)]
+        for conversation_id in doomed:
+            with self._tx() as db:
+                self._delete_conversation(db, conversation_id)
+        return len(doomed)
+
+
+def _slices(trees: Sequence[Tree], size: int) -> Iterator[list[tuple[int, list[Node]]]]:
+    """The nodes of `trees`, parents first, in slices of `size`; each slice is a list of
+    (index of the tree, some of its nodes)."""
+    pieces: list[tuple[int, list[Node]]] = []
+    room = size
+    for index, tree in enumerate(trees):
+        nodes = sorted(tree.nodes(), key=lambda n: n.id)
+        start = 0
+        while start < len(nodes):
+            part = nodes[start:start + room]
+            pieces.append((index, part))
+            start += len(part)
+            room -= len(part)
+            if room == 0:
+                yield pieces
+                pieces, room = [], size
+    if pieces:
+        yield pieces
 
 
 class StoreSink:
@@ -552,6 +688,22 @@ def _check_header(path: Path) -> None:
             f"it was left untouched"
         )
 
+
+# The search index against the messages: (what is wrong, how many rows are).
+_INDEX_CHECKS = (
+    ("messages missing from the search index",
+     "SELECT COUNT(*) FROM nodes n WHERE NOT EXISTS (SELECT 1 FROM nodes_fts_map m "
+     "WHERE m.conversation_id = n.conversation_id AND m.node_id = n.id)"),
+    ("search entries for messages that do not exist",
+     "SELECT COUNT(*) FROM nodes_fts_map m WHERE NOT EXISTS (SELECT 1 FROM nodes n "
+     "WHERE n.conversation_id = m.conversation_id AND n.id = m.node_id)"),
+    ("search entries whose text is not their message's",
+     "SELECT COUNT(*) FROM nodes_fts_map m JOIN nodes n ON n.conversation_id = "
+     "m.conversation_id AND n.id = m.node_id LEFT JOIN nodes_fts f ON f.rowid = m.rowid "
+     "WHERE f.text IS NOT n.text"),
+    ("search entries that belong to no message",
+     "SELECT COUNT(*) FROM nodes_fts f WHERE f.rowid NOT IN (SELECT rowid FROM nodes_fts_map)"),
+)
 
 _WRITE_REASONS = {
     sqlite3.SQLITE_FULL: "the disk is full",

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import sqlite3
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from engine.records import ConversationRecord, from_tree
 from engine.replay import replay
 from engine.scenario import parse_scenario
 from engine.store import (
@@ -20,7 +25,7 @@ from engine.store import (
     StoreWriteError,
     _write_error,
 )
-from engine.tree import NodeStatus, Role, Tree
+from engine.tree import Node, NodeStatus, Role, Tree
 
 
 def _tree(*texts: str, system: str = "sys") -> Tree:
@@ -305,3 +310,174 @@ def test_a_failing_migration_changes_nothing(
         tables = {r[0] for r in raw.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         assert raw.execute("PRAGMA user_version").fetchone()[0] == 0
     assert tables == {"legacy"}  # neither migration 1 nor the half of 2 was kept
+
+
+# --- deep trees, sliced imports ------------------------------------------------------------
+
+
+def _deep_tree(depth: int) -> Tree:
+    """A conversation `depth` messages long, built in linear time."""
+    nodes = [Node(id=0, parent=None, role=Role.SYSTEM, text="sys", created=0.0)]
+    for i in range(1, depth + 1):
+        nodes.append(Node(id=i, parent=i - 1, role=Role.USER if i % 2 else Role.ASSISTANT,
+                          text=f"message {i}", created=float(i), last_active_child=None))
+    return Tree.from_nodes(nodes, active_leaf=depth)
+
+
+def _sound(store: Store) -> None:
+    assert store.problems() == []
+
+
+def test_a_20000_deep_conversation_can_be_purged(tmp_path: Path) -> None:
+    with Store(tmp_path / "c.db") as store:
+        kept = store.create(_tree("kept"), title="kept")
+        deep = store.create(_deep_tree(20_000), title="deep")
+        store.delete(deep)
+        assert store.purge(older_than_s=0) == 1
+        assert [c.id for c in store.list(include_deleted=True)] == [kept]
+        assert store._db.execute("SELECT COUNT(*) FROM nodes").fetchone()[0] == 2
+        assert store.search("message") == []
+        _sound(store)
+
+
+def test_a_20000_deep_branch_is_deleted_whole_from_its_top(tmp_path: Path) -> None:
+    with Store(tmp_path / "c.db") as store:
+        cid = store.create(_deep_tree(20_000), title="deep")
+        tree = store.load(cid)
+        gone = tree.delete_branch(3)
+        # Given the top alone (the schema's cascade says the rest goes with it), the store
+        # removes the whole branch and its search entries, however deep.
+        store.save(cid, tree, [tree.node(2)], deleted=[3])
+        assert len(gone) == 20_000 - 2
+        assert _shape(store.load(cid)) == _shape(tree)
+        assert [h.node_id for h in store.search("message")] == [1, 2]
+        _sound(store)
+
+
+def _records(count: int, messages: int) -> list[ConversationRecord]:
+    return [from_tree(_deep_tree(messages), title=f"imported {i}") for i in range(count)]
+
+
+def _contents(store: Store) -> list[Any]:
+    """Everything a user can see or search, row by row."""
+    return [store._db.execute(sql).fetchall() for sql in (
+        "SELECT * FROM conversations ORDER BY id",
+        "SELECT * FROM nodes ORDER BY conversation_id, id",
+        "SELECT * FROM nodes_fts_map ORDER BY rowid",
+        "SELECT rowid, text FROM nodes_fts ORDER BY rowid",
+    )]
+
+
+def test_an_import_lets_other_writers_in_between_its_slices(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import engine.store as store_module
+
+    monkeypatch.setattr(store_module, "IMPORT_SLICE", 100)
+    db = tmp_path / "c.db"
+    window = Store(db)
+    window._db.execute("PRAGMA busy_timeout = 0")  # a write that had to wait fails at once
+    mine = window.create(_tree("mine"), title="mine")
+    importer = Store(db, recover=False)
+    records = _records(10, 59)  # 60 messages each: 600, six slices
+    seen: list[tuple[int, int]] = []
+    sizes: list[int] = []
+
+    def messages() -> int:
+        return int(importer._db.execute("SELECT COUNT(*) FROM nodes").fetchone()[0])
+
+    written = messages()
+
+    def between(done: int, total: int) -> None:
+        nonlocal written
+        sizes.append(messages() - written)  # what the slice just committed wrote
+        written = messages()
+        seen.append((done, total))
+        window.rename(mine, f"renamed {done}")  # the write lock is free
+        assert [c.id for c in window.list()] == [mine]  # nothing shows before the end
+        assert window.search("message") == []
+
+    ids = importer.import_records(records, progress=between)
+    assert seen == [(done, 600) for done in range(100, 700, 100)]
+    assert sizes == [100] * 6
+    assert window.list()[0].title == "renamed 600"
+    assert {c.id for c in window.list()} == {mine, *ids}
+    assert [len(window.load(cid)) for cid in ids] == [60] * 10
+    _sound(window)
+    importer.close()
+    window.close()
+
+
+def test_a_failed_import_leaves_the_store_as_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import engine.store as store_module
+
+    monkeypatch.setattr(store_module, "IMPORT_SLICE", 100)
+    real = Store._insert_new_nodes
+    calls: list[int] = []
+
+    def dying_disk(db: sqlite3.Connection, cid: int, nodes: Any) -> None:
+        calls.append(cid)
+        if len(calls) == 8:  # in the fourth slice
+            error = sqlite3.OperationalError("disk I/O error")
+            error.sqlite_errorcode = sqlite3.SQLITE_IOERR_WRITE
+            raise error
+        real(db, cid, nodes)
+
+    slices: list[int] = []
+    with Store(tmp_path / "c.db") as store:
+        store.create(_tree("kept"), title="kept")
+        before = _contents(store)
+        monkeypatch.setattr(Store, "_insert_new_nodes", staticmethod(dying_disk))
+        with pytest.raises(StoreWriteError, match="I/O error"):
+            store.import_records(_records(10, 59), progress=lambda done, _: slices.append(done))
+        assert slices == [100, 200, 300]  # three slices were committed before it failed
+        assert _contents(store) == before
+        _sound(store)
+
+
+def test_a_killed_import_shows_nothing_and_is_cleaned_up_at_the_next_open(
+    tmp_path: Path,
+) -> None:
+    db = tmp_path / "c.db"
+    with Store(db) as store:
+        store.create(_tree("kept"), title="kept")
+        before = _contents(store)
+    root = Path(__file__).resolve().parents[1]
+    killed = subprocess.run(  # ten conversations; it dies after three slices of 100
+        [sys.executable, "-m", "tests.crash_writer", str(db), "import"], cwd=root,
+        capture_output=True, env={**os.environ, "PYTHONPATH": str(root)}, check=False,
+    )
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    with Store(db, recover=False) as second:  # what another connection sees meanwhile
+        # Three slices of 100 messages: five of the ten conversations, hidden.
+        assert second._db.execute("SELECT COUNT(*) FROM conversations").fetchone()[0] == 6
+        assert [c.title for c in second.list(include_deleted=True)] == ["kept"]
+        assert second.search("message") == []
+    with Store(db) as store:  # the program's own open removes the leftovers
+        assert _contents(store) == before
+        _sound(store)
+
+
+def test_problems_finds_a_stale_search_index_and_dangling_rows(tmp_path: Path) -> None:
+    with Store(tmp_path / "c.db") as store:
+        cid = store.create(_tree("alpha", "beta", "gamma"), title="t")
+        assert store.problems() == []
+        db = store._db
+        db.execute("UPDATE nodes_fts SET text = 'stale' WHERE rowid = "
+                   "(SELECT rowid FROM nodes_fts_map WHERE node_id = 1)")
+        db.execute("DELETE FROM nodes_fts_map WHERE node_id = 3")  # its text stays indexed
+        db.execute("PRAGMA foreign_keys = OFF")
+        db.execute("INSERT INTO nodes (conversation_id, id, parent_id, role, text, created, "
+                   "status) VALUES (?, 9, 7, 'user', 'orphan', 0, 'complete')", (cid,))
+        db.execute("PRAGMA foreign_keys = ON")
+        assert sorted(store.problems()) == [
+            "1 search entries that belong to no message",
+            "1 search entries whose text is not their message's",
+            "2 messages missing from the search index",
+            "a row of nodes (rowid 5) points to a missing row of nodes",
+        ]
+        db.execute("UPDATE nodes_fts_data SET block = zeroblob(length(block)) WHERE id > 10")
+        assert any("the search index is damaged" in p for p in store.problems())
+        assert not store.integrity_ok()
