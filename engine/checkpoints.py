@@ -8,13 +8,16 @@ the tree node that holds its last token, so deleting the node frees it.
 
 The store keeps checkpoints in RAM under a budget and spills the least valuable ones to a disk
 tier before dropping anything. Every blob carries the identity of the context that made it; a
-disk file also carries a checksum. A blob whose identity or checksum does not match is never
-handed to llama.cpp: its state loader is not safe on foreign bytes.
+disk file is also signed with the installation's key (`engine.keyfile`): an HMAC over its
+header, which holds the blob's sha256. A file whose tag, identity or checksum does not match is
+removed and never handed to llama.cpp: its state loader is not safe on foreign bytes, and
+anyone who can write the cache folder could otherwise choose what it loads.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import itertools
 import json
 import logging
@@ -27,6 +30,8 @@ from pathlib import Path
 from typing import Any, BinaryIO, TypeGuard
 
 from engine.atomic import atomic_writer
+from engine.formats import FormatError, open_regular
+from engine.formats.strict_json import dumps_strict, loads_strict
 from engine.model import MemoryKind
 from engine.schedule import Schedule, crossing
 
@@ -35,7 +40,10 @@ log = logging.getLogger(__name__)
 _ids = itertools.count(1)
 DEFAULT_INTERVAL = 2048
 _FILE_MAGIC = b"ARBORCKP"
-_FILE_VERSION = 2  # 2: the chunk ends ("bounds"); version 1 files are discarded
+# 2: the chunk ends ("bounds"); 3: the HMAC tag. Files of other versions are discarded.
+_FILE_VERSION = 3
+_PREFIX = struct.Struct("<8sII")  # magic, version, header length; then the tag, header, blob
+_TAG_BYTES = 32
 _HEADER_LIMIT = 1 << 26
 
 
@@ -168,20 +176,25 @@ class _Entry:
 
 
 class CheckpointStore:
-    """The checkpoints of one context identity: a RAM tier, an optional disk tier."""
+    """The checkpoints of one context identity: a RAM tier, an optional disk tier.
+
+    `key` signs and verifies the disk tier's files (`engine.keyfile.installation_key`); a
+    store without one has no disk tier."""
 
     def __init__(
         self,
         identity: Identity,
         *,
+        key: bytes | None = None,
         ram_budget: int | None = None,
         disk_dir: Path | None = None,
         disk_budget: int = 8 << 30,
     ) -> None:
         self.identity = identity
+        self._key = key
         self.ram_budget = default_ram_budget() if ram_budget is None else ram_budget
         self.disk_budget = disk_budget
-        self._disk = disk_dir / identity.key() if disk_dir is not None else None
+        self._disk = self._tier(disk_dir)
         self._entries: dict[int, _Entry] = {}
         self._protected: set[int] = set()
         self.created = self.restored = self.rejected = 0
@@ -274,7 +287,7 @@ class CheckpointStore:
     def drop(self, checkpoint_id: int) -> None:
         entry = self._entries.pop(checkpoint_id, None)
         if entry is not None and entry.path is not None:
-            entry.path.unlink(missing_ok=True)
+            _remove(entry.path)
 
     def drop_nodes(self, node_ids: Iterable[int]) -> int:
         """Free the checkpoints of deleted nodes. Returns how many went."""
@@ -308,12 +321,12 @@ class CheckpointStore:
         are a cache: the conversations never depend on them); turning it on offers what a
         previous run left there."""
         self.ram_budget = default_ram_budget() if ram_budget is None else ram_budget
-        wanted = disk_dir / self.identity.key() if disk_dir is not None else None
+        wanted = self._tier(disk_dir)
         if wanted != self._disk:
             for checkpoint_id, entry in list(self._entries.items()):
                 if entry.path is None:
                     continue
-                entry.path.unlink(missing_ok=True)
+                _remove(entry.path)
                 entry.path = None
                 if not entry.in_ram:
                     del self._entries[checkpoint_id]
@@ -323,6 +336,13 @@ class CheckpointStore:
         self.enforce_budget()
 
     # --- internals -------------------------------------------------------------------
+
+    def _tier(self, disk_dir: Path | None) -> Path | None:
+        if disk_dir is None:
+            return None
+        if self._key is None:
+            raise ValueError("a disk tier needs the installation key to sign its files")
+        return disk_dir / self.identity.key()
 
     def _value(self, entry: _Entry) -> tuple[bool, float, int]:
         return (entry.checkpoint.node_id in self._protected, entry.last_used,
@@ -352,94 +372,134 @@ class CheckpointStore:
             self.drop(entry.checkpoint.id)
 
     def _write_file(self, checkpoint: Checkpoint) -> Path:
-        """One file per checkpoint: magic, version, header length, JSON header, blob.
-        Written to a temp file, fsynced, then renamed into place."""
-        assert self._disk is not None and checkpoint.blob is not None
-        self._disk.mkdir(parents=True, exist_ok=True)
-        header = json.dumps({
+        """One file per checkpoint: `file_head`, the JSON header, the blob. Written to a temp
+        file, fsynced, then renamed into place."""
+        assert self._disk is not None and self._key is not None and checkpoint.blob is not None
+        header = dumps_strict({
             "identity": asdict(self.identity),
             "tokens": list(checkpoint.tokens),
             "bounds": list(checkpoint.bounds),
             "flags": checkpoint.flags,
-            "node_id": checkpoint.node_id,
             "size": checkpoint.size,
             "sha256": hashlib.sha256(checkpoint.blob).hexdigest(),
-        }).encode()
+        })
         final = self._disk / f"{checkpoint.id}-{int(time.time() * 1e6)}.ckpt"
         with atomic_writer(final) as f:
-            f.write(_FILE_MAGIC + struct.pack("<II", _FILE_VERSION, len(header)))
+            f.write(file_head(self._key, header))
             f.write(header)
             f.write(checkpoint.blob)
         return final
 
-    def _read_header(self, f: BinaryIO) -> dict[str, Any]:
-        head = f.read(len(_FILE_MAGIC) + 8)
-        if len(head) != len(_FILE_MAGIC) + 8 or not head.startswith(_FILE_MAGIC):
+    def _read_file(self, path: Path, *, with_blob: bool = True) -> Checkpoint | None:
+        """Read and verify a disk checkpoint; None (and a log line) if anything is off.
+
+        The header is trusted only after its tag checks out with this installation's key,
+        and only for this identity. It holds the blob's size, which must be exactly what
+        follows it, and its sha256: a blob is handed out only when it matches, so it is the
+        very blob that header was written with. Without the blob (the index at start-up)
+        all but the sha256 is checked."""
+        assert self._key is not None
+        try:
+            if path.is_symlink():  # whatever it points at is not one of the tier's files
+                raise OSError("a symbolic link")
+            with open_regular(path) as f:
+                length = os.fstat(f.fileno()).st_size
+                header = self._read_header(f, self._key, length)
+                size, digest = header["size"], header["sha256"]
+                if size != length - f.tell():
+                    raise ValueError(f"{length - f.tell()} bytes follow the header, not {size}")
+                blob = f.read(size) if with_blob else None
+            if blob is not None and (
+                len(blob) != size or hashlib.sha256(blob).hexdigest() != digest
+            ):
+                raise ValueError("the blob does not match its checksum")
+            return Checkpoint(
+                tokens=tuple(header["tokens"]), blob=blob, bounds=tuple(header["bounds"]),
+                flags=header["flags"], size=size,
+            )
+        except (OSError, ValueError, FormatError) as exc:
+            log.warning("discarding checkpoint file %s: %s", path.name, exc)
+            return None
+
+    def _read_header(self, f: BinaryIO, key: bytes, length: int) -> dict[str, Any]:
+        """The header of a file of `length` bytes, after its tag and every field's type."""
+        head = f.read(_PREFIX.size + _TAG_BYTES)
+        if len(head) != _PREFIX.size + _TAG_BYTES or not head.startswith(_FILE_MAGIC):
             raise ValueError("not an Arbor checkpoint file")
-        version, header_len = struct.unpack("<II", head[len(_FILE_MAGIC):])
-        if version != _FILE_VERSION or header_len > _HEADER_LIMIT:
+        _, version, header_len = _PREFIX.unpack_from(head)
+        if version != _FILE_VERSION:
             raise ValueError(f"unsupported checkpoint file (version {version})")
-        header = json.loads(f.read(header_len))
+        if header_len > min(_HEADER_LIMIT, length - len(head)):
+            raise ValueError(f"a header of {header_len} bytes does not fit the file")
+        data = f.read(header_len)
+        if not hmac.compare_digest(file_head(key, data), head):
+            raise ValueError("not signed with this installation's key")
+        header = loads_strict(data, max_bytes=_HEADER_LIMIT)
         if not isinstance(header, dict):
-            raise ValueError("bad header")
+            raise ValueError("the header is not an object")
         if header.get("identity") != asdict(self.identity):
             raise ValueError("made by another model or context configuration")
-        tokens = header["tokens"]
-        if not tokens or not all(isinstance(t, int) for t in tokens):
+        tokens = header.get("tokens")
+        if not isinstance(tokens, list) or not tokens or not all(
+            _is_int(t) and 0 <= t < 1 << 31 for t in tokens
+        ):
             raise ValueError("bad token list")
         if not valid_bounds(header.get("bounds"), len(tokens)):
             raise ValueError("bad chunk ends")
-        if not isinstance(header["size"], int) or not isinstance(header["sha256"], str):
-            raise ValueError("bad size or checksum field")
+        size, flags = header.get("size"), header.get("flags")
+        if not _is_int(size) or size < 0 or not (_is_int(flags) and 0 <= flags < 1 << 32):
+            raise ValueError("bad size or flags")
+        if not isinstance(header.get("sha256"), str):
+            raise ValueError("bad checksum field")
         return header
 
-    def _read_file(self, path: Path, *, with_blob: bool = True) -> Checkpoint | None:
-        """Read and verify a disk checkpoint; None (and a log line) if anything is off.
-        Without the blob only the header is checked (for the index at start-up); the
-        checksum is always verified before a blob is handed out."""
-        try:
-            with path.open("rb") as f:
-                header = self._read_header(f)
-                size = header["size"]
-                blob = f.read(size + 1) if with_blob else None
-            if blob is not None:
-                if len(blob) != size:
-                    raise ValueError(f"blob is {len(blob)} bytes, expected {size}")
-                if hashlib.sha256(blob).hexdigest() != header["sha256"]:
-                    raise ValueError("checksum mismatch")
-        except (OSError, ValueError, KeyError, TypeError) as exc:
-            log.warning("discarding checkpoint file %s: %s", path.name, exc)
-            return None
-        node = header.get("node_id")
-        return Checkpoint(
-            tokens=tuple(header["tokens"]), blob=blob, bounds=tuple(header["bounds"]),
-            flags=int(header["flags"]),
-            node_id=node if isinstance(node, int) else None, size=size,
-        )
-
     def _load_disk_index(self) -> None:
-        """Offer the disk checkpoints a previous run left for this identity."""
+        """Offer the disk checkpoints a previous run left for this identity; remove every
+        file that fails (a cache: nothing depends on it), so it cannot fail again."""
         assert self._disk is not None
         if not self._disk.is_dir():
             return
-        for path in sorted(self._disk.glob("*.ckpt")):
+        try:
+            paths = sorted(self._disk.glob("*.ckpt"))
+            stale = list(self._disk.glob("*.tmp"))
+        except OSError as exc:
+            log.warning("cannot list the checkpoint folder %s: %s", self._disk, exc)
+            return
+        for path in paths:
             checkpoint = self._read_file(path, with_blob=False)
             if checkpoint is None:
-                path.unlink(missing_ok=True)
+                _remove(path)
                 self.rejected += 1
                 continue
-            # After a restart the tree's node ids are not this run's: keep it unattached.
-            light = replace(checkpoint, node_id=None)
-            self._entries[light.id] = _Entry(light, 0.0, path=path, in_ram=False)
-        for stale in self._disk.glob("*.tmp"):
-            stale.unlink(missing_ok=True)
+            # After a restart the tree's node ids are not this run's: it stays unattached.
+            self._entries[checkpoint.id] = _Entry(checkpoint, 0.0, path=path, in_ram=False)
+        for path in stale:
+            _remove(path)
+
+
+def file_head(key: bytes, header: bytes) -> bytes:
+    """What precedes a disk file's JSON header: magic, version, the header's length, and the
+    tag, an HMAC-SHA256 with `key` over those and the header."""
+    prefix = _PREFIX.pack(_FILE_MAGIC, _FILE_VERSION, len(header))
+    return prefix + hmac.new(key, prefix + header, hashlib.sha256).digest()
+
+
+def _remove(path: Path) -> None:
+    try:
+        path.unlink(missing_ok=True)
+    except OSError as exc:  # a folder named like a checkpoint, say: never fatal
+        log.warning("cannot remove %s: %s", path, exc)
+
+
+def _is_int(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
 
 
 def valid_bounds(bounds: object, n_tokens: int) -> TypeGuard[list[int] | tuple[int, ...]]:
     """Chunk ends as a file may carry them: ascending positive ints ending at n_tokens."""
     if not isinstance(bounds, list | tuple) or not bounds:
         return False
-    if not all(isinstance(b, int) and not isinstance(b, bool) for b in bounds):
+    if not all(map(_is_int, bounds)):
         return False
     return bounds[0] > 0 and bounds[-1] == n_tokens and all(
         a < b for a, b in itertools.pairwise(bounds)

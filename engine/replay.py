@@ -10,6 +10,7 @@ from typing import Any
 
 from engine.checkpoints import CheckpointStore
 from engine.formats.native import write_session
+from engine.keyfile import installation_key
 from engine.model import resolve_model
 from engine.params import CacheMode, CheckpointOptions
 from engine.protocol import EngineOptions
@@ -59,8 +60,8 @@ def replay(
             runtime = Runtime(path, settings)
             stack.callback(runtime.close)
             store = CheckpointStore(
-                runtime.identity(), ram_budget=options.ram_budget, disk_dir=options.disk_dir,
-                disk_budget=options.disk_budget,
+                runtime.identity(), key=installation_key(), ram_budget=options.ram_budget,
+                disk_dir=options.disk_dir, disk_budget=options.disk_budget,
             ) if use_cache else None
             session = Session(
                 runtime, system=scenario.system, sampling=scenario.sampling,

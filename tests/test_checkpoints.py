@@ -6,13 +6,21 @@ Many tests here are the bugs of the ik_llama.cpp server change this project grew
 
 from __future__ import annotations
 
-from dataclasses import replace
+import hashlib
+import json
+import os
+import struct
+import tracemalloc
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
 
-from engine.checkpoints import Checkpoint, CheckpointStore, Identity, plan_saves
+from engine.checkpoints import Checkpoint, CheckpointStore, Identity, file_head, plan_saves
+from engine.formats.strict_json import dumps_strict
 from engine.llama import SamplingParams
 from engine.model import MemoryKind
 from engine.runtime import Runtime, Source
@@ -22,6 +30,7 @@ from tests.conftest import ALL_KINDS, RuntimeFactory
 from tests.helpers import fresh_logits, random_tokens
 
 GREEDY = SamplingParams(temperature=0.0)
+KEY = b"the test installation's key: 32b"
 
 
 def _assert_same_as_full_decode(
@@ -235,7 +244,8 @@ def _fake(tokens: list[int], size: int, node: int) -> Checkpoint:
 
 
 def test_budget_spills_the_least_valuable_to_disk_before_dropping(tmp_path: Path) -> None:
-    store = CheckpointStore(_identity(), ram_budget=2500, disk_dir=tmp_path, disk_budget=2000)
+    store = CheckpointStore(_identity(), key=KEY, ram_budget=2500, disk_dir=tmp_path,
+                            disk_budget=2000)
     active = _fake([1, 2, 3], 1000, node=1)
     old = _fake([1, 2, 4], 1000, node=2)
     recent = _fake([1, 2, 5], 1000, node=3)
@@ -266,7 +276,7 @@ def test_without_a_disk_tier_eviction_drops(tmp_path: Path) -> None:
 
 
 def test_deleting_nodes_frees_their_checkpoints(tmp_path: Path) -> None:
-    store = CheckpointStore(_identity(), ram_budget=0, disk_dir=tmp_path)
+    store = CheckpointStore(_identity(), key=KEY, ram_budget=0, disk_dir=tmp_path)
     store.add(_fake([1], 10, node=1))
     store.add(_fake([2], 10, node=2))
     store.enforce_budget()  # both to disk
@@ -289,6 +299,208 @@ def test_identity_changes_with_every_setting_that_shapes_the_state() -> None:
         _identity(llama_cpp_python="0.3.37").key(),
     }
     assert len(keys) == 8
+
+
+# --- hostile files in the disk tier: removed, never loaded, never fatal --------------------
+#
+# Anyone who can write the cache folder can put files there. Only files this installation
+# signed for this identity are offered, and each blob only under the header it was written
+# with; every other file is removed, so it cannot fail again at the next start.
+
+
+def tier_store(folder: Path, key: bytes = KEY, identity: Identity | None = None
+               ) -> CheckpointStore:
+    return CheckpointStore(identity or _identity(), key=key, ram_budget=0, disk_dir=folder)
+
+
+def spill(folder: Path, checkpoints: Sequence[Checkpoint],
+          identity: Identity | None = None) -> list[Path]:
+    """Write `checkpoints` to the disk tier under `folder` through a store; their files."""
+    store = tier_store(folder, identity=identity)
+    for checkpoint in checkpoints:
+        store.add(checkpoint)
+    store.enforce_budget()
+    assert store.stats().disk_count == len(checkpoints)
+    return tier_files(folder, identity)
+
+
+def tier_files(folder: Path, identity: Identity | None = None) -> list[Path]:
+    return sorted((folder / (identity or _identity()).key()).glob("*.ckpt"))
+
+
+def split(data: bytes) -> tuple[bytes, bytes, bytes]:
+    """A tier file's head (magic, version, header length, tag), JSON header and blob."""
+    (length,) = struct.unpack_from("<I", data, 12)  # after the magic and the version
+    start = len(file_head(KEY, b""))
+    return data[:start], data[start:start + length], data[start + length:]
+
+
+def forge(path: Path, header: bytes, blob: bytes, key: bytes = KEY) -> None:
+    """Write a tier file with this header and blob, signed with `key`."""
+    path.write_bytes(file_head(key, header) + header + blob)
+
+
+def _blob(seed: int, size: int = 300) -> bytes:
+    return bytes((seed * 31 + i * 7) % 251 for i in range(size))
+
+
+def test_a_disk_tier_needs_the_key_that_signs_it(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="key"):
+        CheckpointStore(_identity(), disk_dir=tmp_path)
+    assert len(CheckpointStore(_identity())) == 0  # the RAM tier alone needs none
+
+
+@pytest.mark.parametrize("recompute", [True, False], ids=["checksum recomputed", "as is"])
+def test_blobs_swapped_between_two_files_are_rejected_and_removed(
+    recompute: bool, tmp_path: Path
+) -> None:
+    files = spill(tmp_path, [
+        Checkpoint(tokens=(1, 2, 3), blob=_blob(1), bounds=(3,)),
+        Checkpoint(tokens=(1, 2, 4), blob=_blob(2), bounds=(3,)),
+    ])
+    (head_a, header_a, blob_a), (head_b, header_b, blob_b) = (split(f.read_bytes())
+                                                             for f in files)
+    for path, head, header, old, new in ((files[0], head_a, header_a, blob_a, blob_b),
+                                         (files[1], head_b, header_b, blob_b, blob_a)):
+        if recompute:  # the same length: the header keeps its size
+            header = header.replace(hashlib.sha256(old).hexdigest().encode(),
+                                    hashlib.sha256(new).hexdigest().encode())
+        path.write_bytes(head + header + new)
+    store = tier_store(tmp_path)
+    assert all(store.fetch(c) is None for c in store.all())
+    assert store.stats().rejected == 2 and len(store) == 0
+    assert tier_files(tmp_path) == []
+
+
+def test_a_file_signed_with_another_key_is_rejected_and_removed(tmp_path: Path) -> None:
+    spill(tmp_path, [Checkpoint(tokens=(1, 2, 3), blob=_blob(1), bounds=(3,))])
+    store = tier_store(tmp_path, key=b"another installation's key 32 by")
+    assert len(store) == 0 and store.stats().rejected == 1
+    assert tier_files(tmp_path) == []
+
+
+def test_another_models_file_with_its_identity_rewritten_is_rejected(tmp_path: Path) -> None:
+    other = _identity(model_sha256="0" * 64)
+    for path in spill(tmp_path, [Checkpoint(tokens=(1, 2, 3), blob=_blob(1), bounds=(3,))],
+                      identity=other):
+        target = tmp_path / _identity().key() / path.name
+        target.parent.mkdir(exist_ok=True)
+        target.write_bytes(path.read_bytes().replace(b"0" * 64, b"a" * 64))
+        path.unlink()
+    assert len(tier_files(tmp_path)) == 1
+    store = tier_store(tmp_path)
+    assert len(store) == 0 and store.stats().rejected == 1
+    assert tier_files(tmp_path) == []
+
+
+def test_a_file_of_the_previous_version_is_discarded(tmp_path: Path) -> None:
+    folder = tmp_path / _identity().key()
+    folder.mkdir()
+    blob = _blob(1)
+    header = json.dumps({
+        "identity": asdict(_identity()), "tokens": [1, 2, 3], "bounds": [3], "flags": 0,
+        "node_id": 1, "size": len(blob), "sha256": hashlib.sha256(blob).hexdigest(),
+    }).encode()
+    (folder / "1-1.ckpt").write_bytes(b"ARBORCKP" + struct.pack("<II", 2, len(header))
+                                      + header + blob)
+    store = tier_store(tmp_path)
+    assert len(store) == 0 and store.stats().rejected == 1
+    assert tier_files(tmp_path) == []
+
+
+def _edit(**fields: object) -> Callable[[dict[str, Any]], bytes]:
+    """A header with these fields changed (a value of ... removes the field)."""
+    def apply(header: dict[str, Any]) -> bytes:
+        for name, value in fields.items():
+            if value is ...:
+                del header[name]
+            else:
+                header[name] = value
+        return dumps_strict(header)
+    return apply
+
+
+def _raw(name: str, text: bytes) -> Callable[[dict[str, Any]], bytes]:
+    """A header whose field `name` holds `text`, as it is (no JSON writer would make it)."""
+    return lambda header: _edit(**{name: "RAW"})(header).replace(b'"RAW"', text)
+
+
+HEADER_DAMAGE: dict[str, Callable[[dict[str, Any]], bytes]] = {
+    "flags missing": _edit(flags=...),
+    "flags null": _edit(flags=None),
+    "flags text": _edit(flags="0"),
+    "flags true": _edit(flags=True),
+    "flags too large": _edit(flags=1 << 40),
+    "flags infinite": _raw("flags", b"1e400"),
+    "flags Infinity": _raw("flags", b"Infinity"),
+    "size huge": _edit(size=1 << 62),
+    "size negative": _edit(size=-1),
+    "size missing": _edit(size=...),
+    "sha256 missing": _edit(sha256=...),
+    "tokens empty": _edit(tokens=[], bounds=[]),
+    "tokens not ints": _edit(tokens=[1, 2.5, 3]),
+    "token negative": _edit(tokens=[1, -2, 3]),
+    "bounds wrong": _edit(bounds=[2]),
+    "identity missing": _edit(identity=...),
+    "not an object": lambda header: b"[1, 2, 3]",
+    "deep nesting": lambda header: b"[" * 100_000 + b"]" * 100_000,
+    "duplicate key": _raw("flags", b'0,"flags":0'),
+    "not UTF-8": _raw("flags", b'"\xff"'),
+    "not JSON": lambda header: b"{",
+}
+
+
+@pytest.mark.parametrize("damage", HEADER_DAMAGE)
+def test_a_bad_header_even_signed_never_stops_a_start_and_is_removed(
+    damage: str, tmp_path: Path
+) -> None:
+    """Signed with the right key, so only the header's own checks stand between it and a
+    crash (a bug of ours could write one; so could anyone holding the key)."""
+    (path,) = spill(tmp_path, [Checkpoint(tokens=(1, 2, 3), blob=_blob(1), bounds=(3,))])
+    _, header, blob = split(path.read_bytes())
+    forge(path, HEADER_DAMAGE[damage](json.loads(header)), blob)
+    store = tier_store(tmp_path)
+    assert len(store) == 0 and store.stats().rejected == 1
+    assert tier_files(tmp_path) == []
+    assert tier_store(tmp_path).stats().rejected == 0  # the next start is clean
+
+
+def test_a_declared_length_is_never_allocated_before_the_bytes_are_there(
+    tmp_path: Path,
+) -> None:
+    """Memory is bounded by the file, not by what its header says."""
+    (path,) = spill(tmp_path, [Checkpoint(tokens=(1, 2, 3), blob=_blob(1), bounds=(3,))])
+    data = path.read_bytes()
+    lying = data[:12] + struct.pack("<I", 1 << 26) + data[16:]  # a 64 MiB header, it says
+    _, header, blob = split(data)
+    second = path.with_name("2-2.ckpt")
+    forge(second, dumps_strict({**json.loads(header), "size": 1 << 40}), blob)
+    path.write_bytes(lying)
+    tracemalloc.start()
+    try:
+        store = tier_store(tmp_path)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(store) == 0 and store.stats().rejected == 2
+    assert peak < 1 << 20
+    assert tier_files(tmp_path) == []
+
+
+def test_a_fifo_a_symlink_or_a_folder_named_like_a_checkpoint_never_stops_a_start(
+    tmp_path: Path,
+) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    (valid,) = spill(elsewhere, [Checkpoint(tokens=(1, 2, 3), blob=_blob(1), bounds=(3,))])
+    folder = tmp_path / "tier" / _identity().key()
+    folder.mkdir(parents=True)
+    os.mkfifo(folder / "1-1.ckpt")  # opened for reading, it would wait for a writer forever
+    (folder / "2-2.ckpt").symlink_to(valid)  # a valid file, but not one of the tier's
+    (folder / "3-3.ckpt").mkdir()
+    store = tier_store(tmp_path / "tier")
+    assert len(store) == 0 and store.stats().rejected == 3
+    assert [p.name for p in folder.iterdir()] == ["3-3.ckpt"]  # a folder cannot be unlinked
+    assert valid.exists()  # the link went, not what it pointed to
 
 
 # --- faults on the disk tier: rejected before llama.cpp sees them -------------------------
@@ -322,7 +534,7 @@ def test_a_damaged_or_foreign_disk_checkpoint_is_rejected_and_the_reply_stays_co
 ) -> None:
     runtime = make_runtime(tiny_models["recurrent"], n_ctx=1024, n_batch=64)
     disk = tmp_path / "tier"
-    store = CheckpointStore(runtime.identity(), ram_budget=0, disk_dir=disk)
+    store = CheckpointStore(runtime.identity(), key=KEY, ram_budget=0, disk_dir=disk)
     session = _spill_session(runtime, store)
     assert store.stats().disk_count > 0 and store.stats().ram_count == 0
     files = sorted((disk / runtime.identity().key()).glob("*.ckpt"))
@@ -333,7 +545,8 @@ def test_a_damaged_or_foreign_disk_checkpoint_is_rejected_and_the_reply_stays_co
             if fault == "other_model"
             else replace(runtime.identity(), n_ctx=2048)
         )
-        foreign = CheckpointStore(other_identity, ram_budget=0, disk_dir=tmp_path / "other")
+        foreign = CheckpointStore(other_identity, key=KEY, ram_budget=0,
+                                  disk_dir=tmp_path / "other")
         for checkpoint in store.all():
             fetched = store.fetch(checkpoint)
             assert fetched is not None
@@ -343,7 +556,7 @@ def test_a_damaged_or_foreign_disk_checkpoint_is_rejected_and_the_reply_stays_co
             path.unlink()
         for path in (tmp_path / "other" / other_identity.key()).glob("*.ckpt"):
             path.rename(disk / runtime.identity().key() / path.name)
-        store = CheckpointStore(runtime.identity(), ram_budget=0, disk_dir=disk)
+        store = CheckpointStore(runtime.identity(), key=KEY, ram_budget=0, disk_dir=disk)
         assert len(store) == 0 and store.stats().rejected > 0  # refused at the index
         session.checkpoints = store
     else:
@@ -374,20 +587,20 @@ def test_disk_checkpoints_survive_a_restart_and_are_used_when_everything_matches
 ) -> None:
     disk = tmp_path / "tier"
     first = make_runtime(tiny_models["hybrid"], n_ctx=1024, n_batch=64)
-    store = CheckpointStore(first.identity(), ram_budget=0, disk_dir=disk)
+    store = CheckpointStore(first.identity(), key=KEY, ram_budget=0, disk_dir=disk)
     _spill_session(first, store)
     assert store.stats().disk_count > 0
     first.close()
 
     second = make_runtime(tiny_models["hybrid"], n_ctx=1024, n_batch=64)
-    reopened = CheckpointStore(second.identity(), disk_dir=disk)
+    reopened = CheckpointStore(second.identity(), key=KEY, disk_dir=disk)
     assert len(reopened) == store.stats().disk_count
     _spill_session(second, reopened)  # the same conversation, after a restart
     assert reopened.stats().restored >= 1
     assert reopened.stats().rejected == 0
 
     other_ctx = make_runtime(tiny_models["hybrid"], n_ctx=512, n_batch=64)
-    assert len(CheckpointStore(other_ctx.identity(), disk_dir=disk)) == 0
+    assert len(CheckpointStore(other_ctx.identity(), key=KEY, disk_dir=disk)) == 0
 
 
 def test_the_just_restored_checkpoint_is_kept_and_no_new_one_is_made_at_once(
