@@ -24,7 +24,7 @@ def main() -> int:
     app = QApplication(sys.argv)
     app.setApplicationName("Arbor")
     app.setOrganizationName("Arbor")
-    loaded = load_settings()
+    loaded = load_settings()  # never raises: a bad file gives the defaults and a problem
     apply_theme(app, loaded.settings.theme)
     try:
         store = Store()
@@ -35,7 +35,8 @@ def main() -> int:
     window = MainWindow(store=store, settings=loaded.settings)
     window.show()
     if loaded.problem:
-        QMessageBox.warning(window, "Arbor", f"Your settings were not used.\n\n{loaded.problem}")
+        # Once, after the window is up; the file stays as it is until the user saves settings.
+        QMessageBox.warning(window, "Arbor", f"About your settings:\n\n{loaded.problem}")
     model = startup_model(loaded.settings.model)
     if model is not None:
         window.models.load_model(str(model))

@@ -43,7 +43,7 @@ class ModelSettings(QObject):
         """The last model loaded is loaded on the next start."""
         model = self.replies.model
         if model is not None and self.settings.model != model.path:
-            self._save(replace(self.settings, model=model.path), send=False)
+            self._save(replace(self.settings, model=model.path), send=False, automatic=True)
 
     @Slot()
     def open_model(self) -> None:
@@ -111,9 +111,11 @@ class ModelSettings(QObject):
         self.settings_applied.emit()
         return effect
 
-    def _save(self, settings: Settings, *, send: bool) -> bool:
+    def _save(self, settings: Settings, *, send: bool, automatic: bool = False) -> bool:
+        """`automatic`: not asked for by the user, so a settings file that was set aside is
+        left for the user to mend (the settings still apply for this session)."""
         try:
-            save_settings(settings)
+            save_settings(settings, automatic=automatic)
         except SettingsError as exc:
             QMessageBox.warning(self.window, "Arbor", str(exc))
             return False

@@ -5,6 +5,28 @@ Anything else that escapes the engine is a bug.
 
 from __future__ import annotations
 
+# How much of a value from outside (a file name, a title, a key) a message quotes.
+QUOTE_LIMIT = 200
+
+
+def printable(value: object, limit: int = QUOTE_LIMIT) -> str:
+    """`value` as text fit for one line of a message or a terminal: control and format
+    characters (newlines, escape sequences, bidi overrides) written as Python escapes, and
+    cut to at most `limit` characters (then ending in "...")."""
+    try:
+        text = str(value)
+    except ValueError:  # an int of more digits than Python converts
+        text = f"<a {type(value).__name__} too long to show>"
+    out: list[str] = []
+    length = 0
+    for ch in text[: limit + 1]:
+        piece = ch if ch.isprintable() else ascii(ch)[1:-1]
+        if length + len(piece) > limit:
+            return "".join(out) + "..."
+        out.append(piece)
+        length += len(piece)
+    return "".join(out)
+
 
 class ArborError(Exception):
     """Base class for errors with a user-facing message."""

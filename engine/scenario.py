@@ -11,17 +11,19 @@ export (path). `message` is a 0-based index on the active path, system prompt ex
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass, field
 from enum import StrEnum
 from pathlib import Path
 from typing import Any, cast
 
-from engine.errors import ArborError
+from engine.errors import ArborError, printable
+from engine.formats import FormatError, read_regular
+from engine.formats.strict_json import loads_strict
 from engine.params import SamplingParams
 
 DEFAULT_MAX_TOKENS = 64
+MAX_SCENARIO_BYTES = 16 << 20
 
 
 class ScenarioError(ArborError):
@@ -108,17 +110,22 @@ _TOP: dict[str, type | tuple[type, ...]] = {
 _SAMPLING: dict[str, type | tuple[type, ...]] = {
     "temperature": (int, float), "top_k": int, "top_p": (int, float), "min_p": (int, float),
 }
+# Every number's range, wherever it appears (no name means two things): what llama.cpp's C
+# ints hold and the settings dialog offers, so nothing wraps on its way there.
+_RANGES: dict[str, tuple[float, float]] = {
+    "n_ctx": (16, 1 << 20), "n_batch": (1, 1 << 20), "seed": (0, 0x7FFFFFFF),
+    "temperature": (0.0, 5.0), "top_k": (0, 1 << 20), "top_p": (0.0, 1.0), "min_p": (0.0, 1.0),
+    "message": (0, 1 << 20), "variant": (0, 1 << 20), "max_tokens": (1, 1 << 16),
+}
 
 
 def load_scenario(path: Path) -> Scenario:
+    """The scenario in `path` (a regular file of at most MAX_SCENARIO_BYTES of strict JSON:
+    no NaN, no duplicate keys, no deep nesting); ScenarioError for anything else."""
     try:
-        raw = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise ScenarioError(f"cannot read scenario {path}: {exc}") from exc
-    try:
-        data = json.loads(raw, parse_constant=_reject_constant)
-    except (json.JSONDecodeError, ValueError) as exc:
-        raise ScenarioError(f"scenario {path.name} is not valid JSON: {exc}") from exc
+        data = loads_strict(read_regular(path, MAX_SCENARIO_BYTES), max_bytes=MAX_SCENARIO_BYTES)
+    except FormatError as exc:
+        raise ScenarioError(f"scenario {printable(path)}: {exc}") from None
     return parse_scenario(data, base_dir=path.parent)
 
 
@@ -135,20 +142,14 @@ def parse_scenario(data: Any, *, base_dir: Path | None = None) -> Scenario:
         top_p=float(sampling_raw.get("top_p", defaults.top_p)),
         min_p=float(sampling_raw.get("min_p", defaults.min_p)),
     )
-    n_ctx = data.get("n_ctx", 4096)
-    n_batch = data.get("n_batch", 512)
-    if n_ctx < 16:
-        raise ScenarioError(f"scenario: n_ctx must be at least 16, not {n_ctx}")
-    if n_batch < 1:
-        raise ScenarioError(f"scenario: n_batch must be positive, not {n_batch}")
     steps_raw = data["steps"]
     if not steps_raw:
         raise ScenarioError("scenario: `steps` is empty")
     steps = tuple(_parse_step(i, raw) for i, raw in enumerate(steps_raw))
     return Scenario(
         model=data.get("model", "default"),
-        n_ctx=n_ctx,
-        n_batch=n_batch,
+        n_ctx=data.get("n_ctx", 4096),
+        n_batch=data.get("n_batch", 512),
         seed=data.get("seed", 0),
         sampling=sampling,
         system=data.get("system", ""),
@@ -167,23 +168,19 @@ def _parse_step(index: int, raw: Any) -> Step:
         op = Op(cast(str, op_name))
     except ValueError:
         known = ", ".join(o.value for o in Op)
-        raise ScenarioError(f"{where}: unknown op {op_name!r} (expected one of {known})") from None
+        raise ScenarioError(
+            f"{where}: unknown op '{printable(op_name)}' (expected one of {known})"
+        ) from None
     where = f"step {index} ({op.value})"
     allowed: dict[str, type | tuple[type, ...]] = {"op": str, **_FIELDS[op]}
     _check_keys(where, raw, allowed, required=_REQUIRED[op])
-    for name in ("message", "variant"):
-        if name in raw and raw[name] < 0:
-            raise ScenarioError(f"{where}: `{name}` must be 0 or more, not {raw[name]}")
-    max_tokens = raw.get("max_tokens", DEFAULT_MAX_TOKENS)
-    if max_tokens < 1:
-        raise ScenarioError(f"{where}: `max_tokens` must be at least 1, not {max_tokens}")
     return Step(
         index=index,
         op=op,
         text=raw.get("text"),
         message=raw.get("message"),
         variant=raw.get("variant"),
-        max_tokens=max_tokens,
+        max_tokens=raw.get("max_tokens", DEFAULT_MAX_TOKENS),
         path=raw.get("path"),
     )
 
@@ -199,7 +196,7 @@ def _check_keys(
         raise ScenarioError(f"{where}: must be a JSON object")
     for key in obj:
         if key not in allowed:
-            raise ScenarioError(f"{where}: unknown field `{key}`")
+            raise ScenarioError(f"{where}: unknown field `{printable(key)}`")
     for key in sorted(required):
         if key not in obj:
             raise ScenarioError(f"{where}: missing field `{key}`")
@@ -211,6 +208,12 @@ def _check_keys(
         if not ok:
             names = expected.__name__ if isinstance(expected, type) else "number"
             raise ScenarioError(f"{where}: `{key}` must be {_json_name(names)}")
+        low, high = _RANGES.get(key, (0, 0))
+        if key in _RANGES and not low <= value <= high:
+            least = "0 or more" if low == 0 else f"at least {low}"
+            raise ScenarioError(
+                f"{where}: `{key}` must be {least} and at most {high}, not {printable(value)}"
+            )
 
 
 def _json_name(py_name: str) -> str:
@@ -218,6 +221,3 @@ def _json_name(py_name: str) -> str:
         "str": "a string", "int": "an integer", "dict": "an object", "list": "a list",
     }.get(py_name, "a number")
 
-
-def _reject_constant(name: str) -> None:
-    raise ValueError(f"{name} is not allowed")

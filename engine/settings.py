@@ -6,6 +6,10 @@ A setting is one of four kinds, by what applying it costs:
   it (they stay on disk under their own identity and serve again if the settings go back);
 - load settings (GPU layers, threads) need the model loaded again but keep checkpoints;
 - checkpoint settings (RAM budget, disk tier, interval) and sampling defaults apply at once.
+
+Any file gives settings in range: a file Arbor cannot use (not a regular file, too large, not
+strict JSON, a value of the wrong type or out of range) gives the defaults and one line saying
+why, and is left as it is until the user saves settings.
 """
 
 from __future__ import annotations
@@ -19,7 +23,9 @@ from typing import Any, cast
 
 from engine.atomic import write_atomic
 from engine.checkpoints import DEFAULT_INTERVAL
-from engine.errors import ArborError
+from engine.errors import ArborError, printable
+from engine.formats import FormatError, read_regular
+from engine.formats.strict_json import loads_strict
 from engine.params import (
     KV_TYPE_NAMES,
     ContextParams,
@@ -33,6 +39,21 @@ log = logging.getLogger(__name__)
 
 SETTINGS_FILE = "settings.json"
 _VERSION = 1
+MAX_SETTINGS_BYTES = 1 << 20  # a few hundred bytes, and a line per model with its own template
+MAX_GPU_LAYERS = 999  # the dialog's largest: more than any model has
+MAX_THREADS = 512
+MAX_REPLY_TOKENS = 1 << 16
+MAX_PATH_CHARS = 4096  # a model's path (PATH_MAX on Linux)
+
+# A number out of range in the file sets the whole file aside (the defaults, and the reason
+# shown once), except where a too-large number has a meaning that fits: it is clamped to that,
+# the rest of the file is used, and the user is told once. Name: (largest, clamped to, meaning).
+_CLAMPED: dict[str, tuple[int, int, str]] = {
+    "n_gpu_layers": (MAX_GPU_LAYERS, -1, "GPU layers: more than any model has, so every layer"),
+    "n_threads": (MAX_THREADS, 0, "threads: more than any machine has, so all cores"),
+    "max_tokens": (MAX_REPLY_TOKENS, MAX_REPLY_TOKENS,
+                   f"reply length: more than the longest, so {MAX_REPLY_TOKENS} tokens"),
+}
 
 
 class SettingsError(ArborError):
@@ -127,20 +148,27 @@ class Settings:
     def from_json(data: object) -> Settings:
         """Known keys with values of the right type; unknown keys are ignored (a newer
         version's file still opens), and a wrong value is a SettingsError."""
-        if not isinstance(data, dict):
-            raise SettingsError("the settings file does not hold a JSON object")
-        values: dict[str, Any] = {}
-        defaults = Settings()
-        for f in fields(Settings):
-            if f.name not in data:
-                continue
-            value = data[f.name]
-            default = getattr(defaults, f.name)
-            try:
-                values[f.name] = _coerce(f.name, value, default)
-            except (TypeError, ValueError) as exc:
-                raise SettingsError(f"setting {f.name!r}: {exc}") from None
-        return Settings(**values)
+        return _from_json(data)[0]
+
+
+def _from_json(data: object) -> tuple[Settings, list[str]]:
+    """Settings.from_json, and what was clamped (see _CLAMPED) to tell the user."""
+    if not isinstance(data, dict):
+        raise SettingsError("the settings file does not hold a JSON object")
+    values: dict[str, Any] = {}
+    clamped: list[str] = []
+    defaults = Settings()
+    for f in fields(Settings):
+        if f.name not in data:
+            continue
+        try:
+            values[f.name] = _coerce(f.name, data[f.name], getattr(defaults, f.name))
+        except (TypeError, ValueError) as exc:
+            raise SettingsError(f"setting {f.name!r}: {exc}") from None
+        if f.name in _CLAMPED and values[f.name] > _CLAMPED[f.name][0]:
+            _, values[f.name], meaning = _CLAMPED[f.name]
+            clamped.append(meaning)
+    return Settings(**values), clamped
 
 
 def _model_key(model: str | Path) -> str:
@@ -148,10 +176,12 @@ def _model_key(model: str | Path) -> str:
 
 
 def _coerce(name: str, value: object, default: object) -> object:
-    if name == "flash_attn":
-        return FlashAttention(cast(str, value))  # any other value is a ValueError
-    if name == "theme":
-        return Theme(cast(str, value))
+    if name in ("flash_attn", "theme"):
+        kind: type[StrEnum] = FlashAttention if name == "flash_attn" else Theme
+        names = [member.value for member in kind]
+        if value not in names:
+            raise ValueError(f"expected one of {', '.join(names)}, got {_shown(value)}")
+        return kind(cast(str, value))
     if name == "templates":
         if not isinstance(value, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in value.items()
@@ -163,35 +193,40 @@ def _coerce(name: str, value: object, default: object) -> object:
             return None
         expected: type = int if name == "seed" else str
         if not isinstance(value, expected) or isinstance(value, bool):
-            raise TypeError(f"expected {expected.__name__} or null, got {value!r}")
+            raise TypeError(f"expected {expected.__name__} or null, got {_shown(value)}")
         return value
     if isinstance(default, bool):
         if not isinstance(value, bool):
-            raise TypeError(f"expected true or false, got {value!r}")
+            raise TypeError(f"expected true or false, got {_shown(value)}")
         return value
     if isinstance(default, int):
         if not isinstance(value, int) or isinstance(value, bool):
-            raise TypeError(f"expected a whole number, got {value!r}")
+            raise TypeError(f"expected a whole number, got {_shown(value)}")
         return value
     if isinstance(default, float):
         if not isinstance(value, int | float) or isinstance(value, bool):
-            raise TypeError(f"expected a number, got {value!r}")
+            raise TypeError(f"expected a number, got {_shown(value)}")
         return float(value)
     if isinstance(default, str):
         if not isinstance(value, str):
-            raise TypeError(f"expected a string, got {value!r}")
+            raise TypeError(f"expected a string, got {_shown(value)}")
         return value
-    raise TypeError(f"unsupported value {value!r}")
+    raise TypeError(f"unsupported value {_shown(value)}")
+
+
+def _shown(value: object) -> str:
+    return printable(repr(value) if isinstance(value, str) else value)
 
 
 def _problems(s: Settings) -> list[str]:
     out: list[str] = []
     if not 256 <= s.n_ctx <= 1 << 20:
         out.append(f"context size must be between 256 and 1,048,576 tokens (got {s.n_ctx})")
-    if s.n_gpu_layers < -1:
-        out.append("GPU layers must be -1 (all), 0 (none) or a number of layers")
-    if not 0 <= s.n_threads <= 512:
-        out.append("threads must be 0 (all cores) or a number of threads up to 512")
+    if not -1 <= s.n_gpu_layers <= MAX_GPU_LAYERS:
+        out.append(f"GPU layers must be -1 (all), 0 (none) or a number of layers up to "
+                   f"{MAX_GPU_LAYERS}")
+    if not 0 <= s.n_threads <= MAX_THREADS:
+        out.append(f"threads must be 0 (all cores) or a number of threads up to {MAX_THREADS}")
     for name in ("type_k", "type_v"):
         if getattr(s, name) not in KV_TYPE_NAMES:
             out.append(f"{name}: unknown cache type {getattr(s, name)!r} "
@@ -208,8 +243,12 @@ def _problems(s: Settings) -> list[str]:
         out.append("top-p must be above 0 and at most 1")
     if s.seed is not None and not 0 <= s.seed <= 0x7FFFFFFF:
         out.append("the seed must be between 0 and 2,147,483,647")
-    if not 1 <= s.max_tokens <= 1 << 16:
+    if not 1 <= s.max_tokens <= MAX_REPLY_TOKENS:
         out.append("the reply length must be between 1 and 65,536 tokens")
+    for path in ([s.model] if s.model is not None else []) + list(s.templates):
+        if len(path) > MAX_PATH_CHARS or "\0" in path:
+            out.append(f"the model path {printable(path)} is longer than {MAX_PATH_CHARS} "
+                       f"characters or holds a NUL")
     return out
 
 
@@ -230,37 +269,52 @@ def settings_path() -> Path:
 @dataclass(frozen=True)
 class Loaded:
     settings: Settings
-    problem: str | None  # why the file was not used, to show the user once
+    problem: str | None  # one line to show the user once: why the file was set aside or clamped
 
 
 def load_settings(path: Path | None = None) -> Loaded:
-    """The saved settings, or the defaults with the reason when the file is missing or bad.
+    """The saved settings, or the defaults with the reason when the file is bad. Never
+    raises: any file gives settings in range. A missing file is the defaults, quietly.
 
-    A bad file is left where it is (the user may want to fix it by hand) until the next save
-    replaces it.
-    """
-    path = path or settings_path()
+    A bad file is left where it is (the user may want to fix it by hand) until the user
+    saves settings (an automatic save passes it by: see save_settings)."""
+    loaded = _read(path or settings_path())
+    if loaded.problem:
+        log.warning("%s", loaded.problem)
+    return loaded
+
+
+def _read(path: Path) -> Loaded:
     try:
-        raw = path.read_text(encoding="utf-8")
+        path.stat()
     except FileNotFoundError:
         return Loaded(Settings(), None)
-    except OSError as exc:
-        return Loaded(Settings(), f"{path} could not be read ({exc.strerror}); using defaults")
+    except OSError:
+        pass  # read_regular names the problem
     try:
-        return Loaded(Settings.from_json(json.loads(raw)), None)
-    except json.JSONDecodeError as exc:
-        problem = f"{path} is not valid JSON (line {exc.lineno}); using defaults"
-    except SettingsError as exc:
-        problem = f"{path}: {exc}; using defaults"
-    log.warning("%s", problem)
-    return Loaded(Settings(), problem)
+        data = loads_strict(read_regular(path, MAX_SETTINGS_BYTES), max_bytes=MAX_SETTINGS_BYTES)
+        settings, clamped = _from_json(data)
+    except (FormatError, SettingsError) as exc:
+        return Loaded(Settings(), f"{printable(path)} was not used ({printable(exc, 500)}); "
+                                  f"using the defaults until you save settings")
+    if clamped:
+        return Loaded(settings, f"{printable(path)}: {'; '.join(clamped)}")
+    return Loaded(settings, None)
 
 
-def save_settings(settings: Settings, path: Path | None = None) -> None:
-    """Write atomically; a full disk raises SettingsError and leaves the old file."""
+def save_settings(settings: Settings, path: Path | None = None, *,
+                  automatic: bool = False) -> bool:
+    """Write atomically; a full disk raises SettingsError and leaves the old file.
+
+    An `automatic` save (one the user did not ask for, such as remembering the model last
+    loaded) leaves a file that was set aside or clamped as it is, and returns False."""
     path = path or settings_path()
+    if automatic and _read(path).problem is not None:
+        log.info("%s is left for the user to mend; the automatic save is skipped", path)
+        return False
     data = json.dumps(settings.to_json(), indent=2, sort_keys=True).encode()
     try:
         write_atomic(path, data + b"\n")
     except OSError as exc:
         raise SettingsError(f"the settings could not be saved to {path}: {exc.strerror}") from exc
+    return True

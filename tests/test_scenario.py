@@ -51,7 +51,7 @@ def test_a_valid_scenario_parses_with_defaults() -> None:
         (_scenario({"op": "rewind", "message": True}), "`message` must be an integer"),
         (_scenario({"op": "send", "text": "a", "colour": 1}), "unknown field `colour`"),
         (_scenario({"op": "send", "text": "a", "max_tokens": 0}), "`max_tokens` must be at least"),
-        (_scenario({"op": "send", "text": "a"}, n_ctx=4), "n_ctx must be at least 16"),
+        (_scenario({"op": "send", "text": "a"}, n_ctx=4), "`n_ctx` must be at least 16"),
         (_scenario({"op": "send", "text": "a"}, sampling={"temp": 1}), "unknown field `temp`"),
         (_scenario({"op": "delete"}), "step 0 (delete): missing field `message`"),
         (_scenario({"op": "fork", "message": -1}), "step 0 (fork): `message` must be 0 or more"),
@@ -68,7 +68,7 @@ def test_invalid_scenarios_name_the_step_and_the_problem(data: object, message: 
 def test_nan_and_bad_json_are_rejected(tmp_path: Path) -> None:
     path = tmp_path / "s.json"
     path.write_text('{"steps": [{"op": "send", "text": "a"}], "sampling": {"temperature": NaN}}')
-    with pytest.raises(ScenarioError, match="NaN is not allowed"):
+    with pytest.raises(ScenarioError, match="NaN"):
         load_scenario(path)
     path.write_text("{")
     with pytest.raises(ScenarioError, match="not valid JSON"):

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import os
+import tracemalloc
 from dataclasses import replace
 from pathlib import Path
 
@@ -12,6 +14,9 @@ from engine.checkpoints import CheckpointStore
 from engine.llama import FlashAttention
 from engine.runtime import Runtime
 from engine.settings import (
+    MAX_GPU_LAYERS,
+    MAX_REPLY_TOKENS,
+    MAX_SETTINGS_BYTES,
     Effect,
     Settings,
     SettingsError,
@@ -130,7 +135,7 @@ def test_turning_the_disk_tier_off_and_on_at_once(
     runtime = make_runtime(tiny_models["recurrent"], n_ctx=256, n_batch=16)
     runtime.prepare(list(range(10, 40)))
     blob = runtime.capture()
-    store = CheckpointStore(runtime.identity(), ram_budget=1, disk_dir=tmp_path)
+    store = CheckpointStore(runtime.identity(), key=b"k" * 32, ram_budget=1, disk_dir=tmp_path)
     store.add(replace(blob, node_id=1))
     store.enforce_budget()  # over a 1-byte budget: spilled to disk
     assert store.stats().disk_count == 1 and store.stats().ram_count == 0
@@ -144,3 +149,91 @@ def test_turning_the_disk_tier_off_and_on_at_once(
     store.configure(ram_budget=1, disk_dir=tmp_path)  # on again, and over budget: spilled
     assert store.stats().disk_count == 1 and len(list(tmp_path.rglob("*.ckpt"))) == 1
     assert store.fetch(store.all()[0]) is not None
+
+
+@pytest.mark.parametrize(
+    ("content", "reason"),
+    [
+        (b'{"model": "\xff\xfe"}', "UTF-8"),
+        (b"[" * 100_000 + b"]" * 100_000, "deeper"),
+        (b'{"n_ctx": ' + b"9" * 5000 + b"}", "digits"),
+        (b'{"temperature": NaN}', "NaN"),
+        (b'{"n_ctx": 2048, "n_ctx": 8192}', "twice"),
+        (b'{"model": "\\ud800"}', "surrogate"),
+        (b'{"model": "a\\u0000b"}', "model"),
+        (b'{"n_ctx": 1e400}', "too large"),
+        (b'{"n_ctx": ' + b"1" * 30 + b"}", "context size"),
+        (b'{"model": ' + b'"x' + b"\\n\\u001b" * 100_000 + b'"}', "model"),
+    ],
+)
+def test_any_file_gives_the_defaults_and_one_short_message(content: bytes, reason: str) -> None:
+    path = settings_path()
+    path.parent.mkdir(parents=True)
+    path.write_bytes(content)
+    loaded = load_settings()
+    assert loaded.settings == Settings()
+    assert loaded.problem is not None and reason in loaded.problem
+    assert "\n" not in loaded.problem and "\x1b" not in loaded.problem
+    assert len(loaded.problem) < 1000
+    assert path.read_bytes() == content
+
+
+def test_a_fifo_or_a_folder_is_not_read() -> None:
+    path = settings_path()
+    path.parent.mkdir(parents=True)
+    os.mkfifo(path)  # a read would wait for a writer forever
+    loaded = load_settings()
+    assert loaded.settings == Settings() and loaded.problem is not None
+    path.unlink()
+    path.mkdir()
+    assert load_settings().problem is not None
+
+
+def test_an_oversized_file_is_read_only_up_to_the_limit() -> None:
+    path = settings_path()
+    path.parent.mkdir(parents=True)
+    with path.open("wb") as f:
+        f.truncate(64 * MAX_SETTINGS_BYTES)  # sparse: 64 MiB that cost no disk
+    tracemalloc.start()
+    try:
+        loaded = load_settings()
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert loaded.settings == Settings() and loaded.problem is not None
+    assert "larger than" in loaded.problem
+    assert peak < 3 * MAX_SETTINGS_BYTES
+
+
+def test_numbers_past_their_range_are_clamped_where_the_meaning_survives() -> None:
+    """More GPU layers than any model has means every layer; more threads than cores, all
+    cores; a longer reply than the longest, the longest. The rest of the file is used."""
+    path = settings_path()
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"n_ctx": 2048, "n_gpu_layers": 10**29, "n_threads": 10**6,
+                                "max_tokens": 10**9}))
+    loaded = load_settings()
+    assert loaded.settings == Settings(n_ctx=2048, n_gpu_layers=-1, n_threads=0,
+                                       max_tokens=MAX_REPLY_TOKENS)
+    assert loaded.problem is not None and "GPU layers" in loaded.problem
+    assert "\n" not in loaded.problem
+
+
+def test_out_of_range_numbers_are_refused_in_code() -> None:
+    with pytest.raises(SettingsError, match="GPU layers"):
+        Settings(n_gpu_layers=10**30)  # would wrap in the C int llama.cpp takes
+    with pytest.raises(SettingsError, match="GPU layers"):
+        Settings(n_gpu_layers=MAX_GPU_LAYERS + 1)
+    assert Settings(n_gpu_layers=MAX_GPU_LAYERS).n_gpu_layers == MAX_GPU_LAYERS
+
+
+def test_an_automatic_save_leaves_a_set_aside_file_for_the_user_to_mend() -> None:
+    path = settings_path()
+    path.parent.mkdir(parents=True)
+    path.write_text('{"n_ctx": 10}')
+    assert not save_settings(Settings(model="/models/x.gguf"), automatic=True)
+    assert path.read_text() == '{"n_ctx": 10}'
+    assert save_settings(Settings(n_ctx=2048))  # the user's own save replaces it
+    assert load_settings().settings == Settings(n_ctx=2048)
+    assert save_settings(Settings(n_ctx=2048, model="/m.gguf"), automatic=True)
+    assert load_settings().settings.model == "/m.gguf"
