@@ -1,32 +1,53 @@
-"""`python -m engine` / `arbor-engine`: everything the app does to a conversation, headless."""
+"""`python -m engine` / `arbor-engine`: everything the app does to a conversation, headless.
+
+The contract: bad input (arguments, files, paths, ids) exits 2 with one line on stderr, and a
+failure that is not the input's exits 1 with one line; never a traceback (with -vv an
+unexpected error logs one). Whatever comes from outside is printed through `printable`.
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import NoReturn
 
 from engine.checkpoints import DEFAULT_INTERVAL
-from engine.errors import ArborError, ModelLoadError, ModelNotFoundError
+from engine.errors import ArborError, ModelLoadError, ModelNotFoundError, printable
 from engine.formats import FormatError
 from engine.model import list_models, read_model_info, resolve_model
 from engine.params import CacheMode, CheckpointOptions
 from engine.paths import data_dirs
 from engine.scenario import ScenarioError, load_scenario
 from engine.store import Store, StoreOpenError
-from engine.transfer import FileFormat, export_file, format_for_export, import_file
+from engine.transfer import FileFormat, commit_import, export_file, format_for_export, parse_import
 
 log = logging.getLogger("engine")
 
 EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
+MAX_MESSAGE = 500  # characters of an error line, whatever it quotes
+
+
+class UsageError(ArborError):
+    """Bad input the command line itself finds (an id that is not there, a path it cannot
+    write)."""
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, with its errors in one line (its own prints the usage first)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_BAD_INPUT, f"{self.prog}: error: {printable(message, MAX_MESSAGE)}\n")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="arbor-engine", description=__doc__)
+    parser = _Parser(prog="arbor-engine", description=__doc__)
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -68,6 +89,19 @@ def build_parser() -> argparse.ArgumentParser:
                     help="default: from OUT's suffix (.arbor, .json = ChatGPT, .md)")
     ex.add_argument("out", type=Path)
 
+    sv = sub.add_parser("serve", help="a local OpenAI-compatible API on the model")
+    sv.add_argument("--host", default="127.0.0.1",
+                    help="address to listen on (anything but loopback needs --allow-remote "
+                         "and --api-key)")
+    sv.add_argument("--port", type=int, default=8080)
+    sv.add_argument("--model", default="default", help="a GGUF path or 'default'")
+    sv.add_argument("--api-key", help="clients must send 'Authorization: Bearer KEY'")
+    sv.add_argument("--allow-remote", action="store_true",
+                    help="let other machines connect (with --api-key)")
+    sv.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
+                    help="allow browser pages from this origin (repeat; default: none)")
+    sv.add_argument("--db", type=Path, help="the conversation database (default: the user's)")
+
     im = sub.add_parser("import", help="add conversations from a session file or export")
     im.add_argument("file", type=Path)
     im.add_argument("--db", type=Path, help="the conversation database (default: the user's)")
@@ -79,46 +113,80 @@ def main(argv: list[str] | None = None) -> int:
     level = logging.WARNING - 10 * min(args.verbose, 2)
     logging.basicConfig(level=level, format="%(levelname)s %(name)s: %(message)s")
     try:
-        if args.command == "replay":
-            return _replay(args)
-        if args.command == "info":
-            info = read_model_info(resolve_model(args.model))
-            _print_json({
-                "name": info.name, "path": str(info.path), "architecture": info.architecture,
-                "size_bytes": info.size_bytes, "context_length": info.context_length,
-                "sliding_window": info.sliding_window, "memory_kind": info.memory_kind.value,
-                "has_chat_template": info.chat_template is not None,
-            })
-            return EXIT_OK
-        if args.command == "export":
-            with Store(args.db) as store:
-                export_file(store, args.conversation, args.out,
-                            format_for_export(args.out, args.format))
-            sys.stdout.write(f"wrote {args.out}\n")
-            return EXIT_OK
-        if args.command == "import":
-            with Store(args.db) as store:
-                result = import_file(args.file, store)
-            for cid, title in zip(result.conversation_ids, result.titles, strict=True):
-                sys.stdout.write(f"imported conversation {cid}: {title}\n")
-            if result.checkpoints_dropped:
-                sys.stdout.write(f"dropped {result.checkpoints_dropped} checkpoints made "
-                                 f"elsewhere (the engine will reprocess)\n")
-            return EXIT_OK
-        if args.command == "models":
-            for path in list_models(data_dirs()):
-                sys.stdout.write(f"{path}\n")
-            return EXIT_OK
-    except (ScenarioError, ModelNotFoundError, ModelLoadError, FormatError, StoreOpenError) as exc:
-        sys.stderr.write(f"arbor-engine: {exc}\n")
-        return EXIT_BAD_INPUT
+        return _run(args)
+    except (ScenarioError, ModelNotFoundError, ModelLoadError, FormatError, StoreOpenError,
+            UsageError, OSError) as exc:
+        return _fail(exc, EXIT_BAD_INPUT)
     except ArborError as exc:
-        sys.stderr.write(f"arbor-engine: {exc}\n")
-        return EXIT_FAILED
+        return _fail(exc, EXIT_FAILED)
     except KeyboardInterrupt:
-        sys.stderr.write("arbor-engine: interrupted\n")
-        return 130
+        return _fail("interrupted", 130)
+    except Exception as exc:  # a bug: one line for the user, the traceback with -vv
+        log.debug("unexpected error", exc_info=True)
+        return _fail(f"unexpected error ({type(exc).__name__}: {exc}); -vv shows where",
+                     EXIT_FAILED)
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.command == "replay":
+        return _replay(args)
+    if args.command == "serve":
+        return _serve(args)
+    if args.command == "info":
+        info = read_model_info(resolve_model(args.model))
+        _print_json({
+            "name": info.name, "path": str(info.path), "architecture": info.architecture,
+            "size_bytes": info.size_bytes, "context_length": info.context_length,
+            "sliding_window": info.sliding_window, "memory_kind": info.memory_kind.value,
+            "has_chat_template": info.chat_template is not None,
+        })
+        return EXIT_OK
+    # The app may be streaming a reply into the same database: only its own start marks
+    # replies left streaming as interrupted (recover=False here).
+    if args.command == "export":
+        fmt = format_for_export(args.out, args.format)
+        with Store(args.db, recover=False) as store:
+            known = {info.id for info in store.list(include_deleted=True)}
+            missing = [cid for cid in args.conversation if cid not in known]
+            if missing:
+                raise UsageError(f"there is no conversation {missing[0]} in {store.path}")
+            with _writing(args.out):
+                export_file(store, args.conversation, args.out, fmt)
+        sys.stdout.write(f"wrote {printable(args.out)}\n")
+        return EXIT_OK
+    if args.command == "import":
+        parsed = parse_import(args.file)  # a rejected file never opens (or makes) the store
+        with Store(args.db, recover=False) as store:
+            result = commit_import(parsed, store)
+        for cid, title in zip(result.conversation_ids, result.titles, strict=True):
+            sys.stdout.write(f"imported conversation {cid}: {printable(title)}\n")
+        if result.checkpoints_dropped:
+            sys.stdout.write(f"dropped {result.checkpoints_dropped} checkpoints made "
+                             f"elsewhere (the engine will reprocess)\n")
+        return EXIT_OK
+    if args.command == "models":
+        for path in list_models(data_dirs()):
+            sys.stdout.write(f"{printable(path, limit=4096)}\n")
+        return EXIT_OK
     raise AssertionError(args.command)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from engine.api.serve import serve  # the HTTP stack: only the command that serves
+    from engine.api.server import ServerOptions
+    from engine.settings import load_settings
+
+    if not 0 <= args.port <= 65535:
+        raise UsageError(f"--port must be 0..65535, not {args.port}")
+    options = ServerOptions(host=args.host, port=args.port, api_key=args.api_key,
+                            allow_remote=args.allow_remote,
+                            cors_origins=tuple(args.cors_origin))
+    settings = load_settings().settings
+    try:
+        serve(resolve_model(args.model), settings, args.db, options)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    return EXIT_OK
 
 
 def _replay(args: argparse.Namespace) -> int:
@@ -136,7 +204,8 @@ def _replay(args: argparse.Namespace) -> int:
     )
     text = json.dumps(report, indent=2, ensure_ascii=False) + "\n"
     if args.report:
-        args.report.write_text(text, encoding="utf-8")
+        with _writing(args.report):
+            args.report.write_text(text, encoding="utf-8")
     else:
         sys.stdout.write(text)
     return EXIT_OK
@@ -144,3 +213,19 @@ def _replay(args: argparse.Namespace) -> int:
 
 def _print_json(obj: object) -> None:
     sys.stdout.write(json.dumps(obj, indent=2) + "\n")
+
+
+def _fail(error: object, status: int) -> int:
+    """One line on stderr, whatever the error quotes (escaped, cut to MAX_MESSAGE)."""
+    sys.stderr.write(f"arbor-engine: {printable(error, MAX_MESSAGE)}\n")
+    return status
+
+
+@contextlib.contextmanager
+def _writing(path: Path) -> Iterator[None]:
+    """An OSError while writing `path` as a UsageError naming `path` (not the temp file the
+    write went through, nor a folder on the way)."""
+    try:
+        yield
+    except OSError as exc:
+        raise UsageError(f"cannot write {printable(path)}: {exc.strerror or exc}") from exc
