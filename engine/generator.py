@@ -168,9 +168,12 @@ class Generator:
         seed: int,
         on_token: TokenFn | None = None,
         cancel: CancelFn | None = None,
+        sampling: SamplingParams | None = None,
     ) -> Generation:
+        """`sampling`: this reply's own (an API request's), else the configured one."""
         return self.runtime.generate(
-            max_tokens=max_tokens, sampling=self.sampling, seed=seed, on_token=on_token,
+            max_tokens=max_tokens, sampling=sampling or self.sampling, seed=seed,
+            on_token=on_token,
             cancel=cancel,
         )
 

@@ -162,6 +162,9 @@ def child_main(conn: Connection, log_level: int) -> None:
     logging.basicConfig(level=log_level, stream=sys.stderr,
                         format="arbor-engine %(levelname)s %(name)s: %(message)s")
     faulthandler.enable()  # a native crash leaves its stack in the log
+    # Ctrl+C in a terminal reaches the whole process group: the parent decides when the
+    # engine ends (Shutdown, or its end of the pipe closing), never the keyboard.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     from engine.llama import builtin_template_names
     from engine.protocol import EngineStarted
     from engine.service import EngineService, ThreadControl

@@ -73,6 +73,7 @@ class GenerateRequest:
     resume: NodeView | None  # continue this reply instead of starting a new one
     max_tokens: int
     seed: int
+    sampling: SamplingParams | None = None  # this reply's own (API requests); else configured
 
 
 @dataclass(frozen=True)
@@ -257,6 +258,7 @@ class Failed:
     conversation_id: int
     reply_id: int
     message: str  # empty when the user stopped it, else why it failed
+    overflow: tuple[int, int] | None = None  # the prompt did not fit: (its tokens, n_ctx)
 
 
 @dataclass(frozen=True)

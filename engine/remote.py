@@ -13,7 +13,8 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from engine.errors import ArborError, Cancelled, ModelLoadError
+from engine.errors import ArborError, Cancelled, ContextOverflowError, ModelLoadError
+from engine.params import SamplingParams
 from engine.process import EngineProcess
 from engine.protocol import (
     EngineDied,
@@ -43,6 +44,7 @@ from engine.reply import (
     ReplyReport,
     ReplyResult,
 )
+from engine.settings import Settings
 from engine.tree import Node
 
 log = logging.getLogger(__name__)
@@ -58,8 +60,10 @@ class RemoteReplier:
         self.usage: StoreUsage | None = None  # the last checkpoint figures the engine sent
         self._ids = itertools.count(1)
 
-    def load(self, path: str, options: EngineOptions) -> ModelLoaded:
-        self.process.send(LoadRequest(path, options=options))
+    def load(self, path: str, options: EngineOptions | None = None, *,
+             settings: Settings | None = None) -> ModelLoaded:
+        """Load with the command line's `options`, or the app's `settings`."""
+        self.process.send(LoadRequest(path, settings or Settings(), options))
         while True:
             match self._next():
                 case ModelLoaded() as loaded:
@@ -71,13 +75,14 @@ class RemoteReplier:
 
     def reply(self, path: Sequence[Node], *, resume: Node | None, max_tokens: int, seed: int,
               on_progress: ProgressFn | None = None, on_piece: PieceFn | None = None,
-              cancel: CancelFn | None = None) -> ReplyResult:
+              cancel: CancelFn | None = None,
+              sampling: SamplingParams | None = None) -> ReplyResult:
         request_id = next(self._ids)
         self.process.preempt()
         self.process.send(GenerateRequest(
             request_id, 0, resume.id if resume is not None else -1,
             tuple(NodeView.of(node) for node in path),
-            NodeView.of(resume) if resume is not None else None, max_tokens, seed))
+            NodeView.of(resume) if resume is not None else None, max_tokens, seed, sampling))
         stopped = False
         while True:
             if cancel is not None and not stopped and cancel():
@@ -95,6 +100,8 @@ class RemoteReplier:
                 case Failed() as failed if failed.request_id == request_id:
                     if not failed.message:
                         raise Cancelled()
+                    if failed.overflow is not None:
+                        raise ContextOverflowError(*failed.overflow)
                     raise ArborError(failed.message)
                 case _:
                     pass

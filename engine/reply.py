@@ -15,7 +15,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
-from engine.params import FinishReason, Source
+from engine.params import FinishReason, SamplingParams, Source
 from engine.tree import Node, Role
 
 if TYPE_CHECKING:
@@ -134,6 +134,7 @@ def run_reply(
     on_progress: ProgressFn | None = None,
     on_piece: PieceFn | None = None,
     cancel: CancelFn | None = None,
+    sampling: SamplingParams | None = None,
 ) -> ReplyResult:
     """Answer the last node of `path` (or go on with `resume`, a reply to it).
 
@@ -146,7 +147,7 @@ def run_reply(
     prepared = generator.prepare(path, resume=resume, on_progress=on_progress,
                                  on_plan=on_plan, cancel=cancel)
     generation = generator.generate(
-        max_tokens=max_tokens, seed=seed, cancel=cancel,
+        max_tokens=max_tokens, seed=seed, cancel=cancel, sampling=sampling,
         on_token=(lambda _token, piece: on_piece(piece)) if on_piece is not None else None,
     )
     text = prepared.base_text + generation.text

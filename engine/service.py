@@ -21,9 +21,10 @@ from pathlib import Path
 from typing import Protocol
 
 from engine.checkpoints import CheckpointStore
-from engine.errors import ArborError, Cancelled
+from engine.errors import ArborError, Cancelled, ContextOverflowError
 from engine.formats.native import SessionCheckpoint, write_session
 from engine.generator import Generator
+from engine.keyfile import installation_key
 from engine.params import CheckpointOptions, Source
 from engine.paths import data_dirs
 from engine.protocol import (
@@ -166,13 +167,13 @@ class EngineService:
             generator = Generator(
                 runtime, sampling=options.sampling, use_cache=options.use_cache,
                 checkpoints=CheckpointStore(
-                    identity, ram_budget=store_options.ram_budget,
+                    identity, key=installation_key(), ram_budget=store_options.ram_budget,
                     disk_dir=store_options.disk_dir, disk_budget=store_options.disk_budget,
                 ) if options.use_cache else None,
                 checkpoint_interval=store_options.interval,
                 template=options.template,
             )
-        except ArborError as exc:  # a chat template Jinja or llama.cpp cannot use
+        except ArborError as exc:  # a chat template Jinja or llama.cpp cannot use; a bad key
             runtime.close()
             self._emit(LoadFailed(request.path, str(exc)))
             return
@@ -276,13 +277,15 @@ class EngineService:
                 resume=request.resume.to_node() if request.resume is not None else None,
                 max_tokens=request.max_tokens, seed=request.seed, on_plan=on_plan,
                 on_progress=on_progress, on_piece=on_piece,
-                cancel=self.control.stop_requested,
+                cancel=self.control.stop_requested, sampling=request.sampling,
             )
         except Cancelled:
             self._emit(_failed(request, ""))
             return
         except ArborError as exc:
-            self._emit(_failed(request, str(exc)))
+            overflow = ((exc.prompt_tokens, exc.n_ctx)
+                        if isinstance(exc, ContextOverflowError) else None)
+            self._emit(replace(_failed(request, str(exc)), overflow=overflow))
             return
         except Exception as exc:  # a bug: report it, never leave the front end waiting
             log.exception("the reply failed")

@@ -62,7 +62,8 @@ class Replier(Protocol):
 
     def reply(self, path: Sequence[Node], *, resume: Node | None, max_tokens: int, seed: int,
               on_progress: ProgressFn | None = None, on_piece: PieceFn | None = None,
-              cancel: CancelFn | None = None) -> ReplyResult: ...
+              cancel: CancelFn | None = None,
+              sampling: SamplingParams | None = None) -> ReplyResult: ...
 
     def warm(self, path: Sequence[Node]) -> tuple[ReplyReport | None, Rendered]:
         """Prepare `path` (see Generator.warm): what it did, and the tokens it rendered."""
@@ -76,9 +77,11 @@ class LocalReplier:
 
     def reply(self, path: Sequence[Node], *, resume: Node | None, max_tokens: int, seed: int,
               on_progress: ProgressFn | None = None, on_piece: PieceFn | None = None,
-              cancel: CancelFn | None = None) -> ReplyResult:
+              cancel: CancelFn | None = None,
+              sampling: SamplingParams | None = None) -> ReplyResult:
         result = run_reply(self.generator, path, resume=resume, max_tokens=max_tokens,
-                           seed=seed, on_progress=on_progress, on_piece=on_piece, cancel=cancel)
+                           seed=seed, on_progress=on_progress, on_piece=on_piece, cancel=cancel,
+                           sampling=sampling)
         self.generator.after_reply()
         return result
 

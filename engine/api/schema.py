@@ -1,0 +1,236 @@
+"""OpenAI chat-completion requests in, OpenAI-shaped answers out, checked before any work.
+
+Only what Arbor does is accepted: a request asking for something it would silently ignore in
+a way that changes the answer (`n` > 1, tools, images) is refused with a 400 that says so.
+Fields that change nothing about the text (`user`, `metadata`, `store`...) are ignored, as
+OpenAI's own server does with unknown keys.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+from engine.formats import FormatError
+from engine.formats.strict_json import loads_strict
+from engine.tree import Role
+
+MAX_BODY_BYTES = 4 << 20
+MAX_MESSAGES = 10_000
+MAX_STOP = 4  # OpenAI's own limit on stop sequences
+MAX_STOP_CHARS = 200
+MAX_TOKENS_LIMIT = 1 << 20
+_ROLES = {"system": Role.SYSTEM, "developer": Role.SYSTEM, "user": Role.USER,
+          "assistant": Role.ASSISTANT}
+
+
+@dataclass(frozen=True)
+class ApiError(Exception):
+    """An answer that is an error: the HTTP status and OpenAI's error object."""
+
+    status: int
+    message: str
+    type: str = "invalid_request_error"
+    param: str | None = None
+    code: str | None = None
+
+    def __str__(self) -> str:
+        return self.message
+
+    def body(self) -> dict[str, Any]:
+        return {"error": {"message": self.message, "type": self.type, "param": self.param,
+                          "code": self.code}}
+
+
+def bad(message: str, param: str | None = None) -> ApiError:
+    return ApiError(400, message, param=param)
+
+
+@dataclass(frozen=True)
+class Message:
+    role: Role
+    text: str
+
+
+@dataclass(frozen=True)
+class ChatRequest:
+    """A checked chat-completion request."""
+
+    model: str
+    system: str
+    messages: tuple[Message, ...]  # after the system prompt; the last is the user's
+    stream: bool = False
+    include_usage: bool = False
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+
+
+def parse_body(body: bytes) -> dict[str, Any]:
+    """The JSON object of a request body (413 when too large, 400 when not JSON)."""
+    if len(body) > MAX_BODY_BYTES:
+        raise ApiError(413, f"the request body is {len(body):,} bytes; the limit is "
+                            f"{MAX_BODY_BYTES:,}", code="request_too_large")
+    try:
+        value = loads_strict(body, max_bytes=MAX_BODY_BYTES, max_depth=32)
+    except FormatError as exc:
+        raise bad(str(exc).replace("the file", "the request body", 1)) from None
+    if not isinstance(value, dict):
+        raise bad("the request body must be a JSON object")
+    return value
+
+
+def parse_chat(raw: dict[str, Any]) -> ChatRequest:
+    model = raw.get("model", "")
+    if not isinstance(model, str):
+        raise bad("'model' must be a string", "model")
+    n = raw.get("n", 1)
+    if n is not None and (_int(n, "n") != 1):
+        raise bad("Arbor answers one choice per request: 'n' must be 1", "n")
+    for unsupported in ("tools", "functions", "logprobs", "response_format"):
+        if raw.get(unsupported) not in (None, False, [], {"type": "text"}):
+            raise bad(f"'{unsupported}' is not supported by Arbor's server", unsupported)
+    stream = _bool(raw.get("stream", False), "stream")
+    options = raw.get("stream_options")
+    include_usage = False
+    if options is not None:
+        if not isinstance(options, dict):
+            raise bad("'stream_options' must be an object", "stream_options")
+        include_usage = _bool(options.get("include_usage", False), "stream_options")
+    system, messages = _messages(raw.get("messages"))
+    limit = raw.get("max_completion_tokens", raw.get("max_tokens"))
+    max_tokens = None
+    if limit is not None:
+        max_tokens = _int(limit, "max_tokens")
+        if not 1 <= max_tokens <= MAX_TOKENS_LIMIT:
+            raise bad("'max_tokens' must be at least 1", "max_tokens")
+    temperature = _number(raw.get("temperature"), "temperature", 0.0, 2.0)
+    top_p = _number(raw.get("top_p"), "top_p", 0.0, 1.0)
+    seed = raw.get("seed")
+    if seed is not None:
+        seed = _int(seed, "seed") & 0x7FFFFFFF
+    return ChatRequest(model=model, system=system, messages=messages, stream=stream,
+                       include_usage=include_usage, max_tokens=max_tokens,
+                       temperature=temperature, top_p=top_p, seed=seed,
+                       stop=_stop(raw.get("stop")))
+
+
+def _messages(raw: object) -> tuple[str, tuple[Message, ...]]:
+    if not isinstance(raw, list) or not raw:
+        raise bad("'messages' must be a non-empty list", "messages")
+    if len(raw) > MAX_MESSAGES:
+        raise bad(f"at most {MAX_MESSAGES:,} messages per request", "messages")
+    out: list[Message] = []
+    for index, item in enumerate(raw):
+        where = f"messages[{index}]"
+        if not isinstance(item, dict):
+            raise bad(f"{where} must be an object", "messages")
+        name = item.get("role")
+        role = _ROLES.get(name) if isinstance(name, str) else None
+        if role is None:
+            shown = name[:40] if isinstance(name, str) else type(name).__name__
+            raise bad(f"{where} has the role {shown!r}; Arbor knows system, developer, user "
+                      f"and assistant", "messages")
+        out.append(Message(role, _content(item.get("content"), where)))
+    system = ""
+    if out[0].role is Role.SYSTEM:
+        system = out.pop(0).text
+    if any(m.role is Role.SYSTEM for m in out):
+        raise bad("a system message may only come first", "messages")
+    if not out or out[-1].role is not Role.USER:
+        raise bad("the last message must be the user's: Arbor answers it", "messages")
+    return system, tuple(out)
+
+
+def _content(raw: object, where: str) -> str:
+    if isinstance(raw, str):
+        return raw
+    if isinstance(raw, list):  # content parts: text only
+        texts: list[str] = []
+        for part in raw:
+            if not (isinstance(part, dict) and part.get("type") == "text"
+                    and isinstance(part.get("text"), str)):
+                raise bad(f"{where}: only text content parts are supported", "messages")
+            texts.append(part["text"])
+        return "".join(texts)
+    raise bad(f"{where} needs a string 'content'", "messages")
+
+
+def _stop(raw: object) -> tuple[str, ...]:
+    if raw is None:
+        return ()
+    items = [raw] if isinstance(raw, str) else raw
+    if not isinstance(items, list) or not all(isinstance(s, str) and s for s in items):
+        raise bad("'stop' must be a non-empty string or a list of them", "stop")
+    if len(items) > MAX_STOP or any(len(s) > MAX_STOP_CHARS for s in items):
+        raise bad(f"at most {MAX_STOP} stop sequences of {MAX_STOP_CHARS} characters", "stop")
+    return tuple(items)
+
+
+def _bool(value: object, param: str) -> bool:
+    if not isinstance(value, bool):
+        raise bad(f"'{param}' must be true or false", param)
+    return value
+
+
+def _int(value: object, param: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise bad(f"'{param}' must be an integer", param)
+    return value
+
+
+def _number(value: object, param: str, low: float, high: float) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise bad(f"'{param}' must be a number", param)
+    if not low <= value <= high:
+        raise bad(f"'{param}' must be between {low:g} and {high:g}", param)
+    return float(value)
+
+
+# --- answers -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Usage:
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int  # prompt tokens restored from the cache or a checkpoint, not decoded
+
+    def body(self) -> dict[str, Any]:
+        return {"prompt_tokens": self.prompt_tokens,
+                "completion_tokens": self.completion_tokens,
+                "total_tokens": self.prompt_tokens + self.completion_tokens,
+                "prompt_tokens_details": {"cached_tokens": self.cached_tokens}}
+
+
+def completion_id() -> str:
+    return f"chatcmpl-{uuid.uuid4().hex[:24]}"
+
+
+def completion(ident: str, model: str, text: str, finish: str, usage: Usage) -> dict[str, Any]:
+    return {"id": ident, "object": "chat.completion", "created": int(time.time()),
+            "model": model,
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+                         "finish_reason": finish, "logprobs": None}],
+            "usage": usage.body()}
+
+
+def chunk(ident: str, model: str, *, delta: dict[str, Any] | None = None,
+          finish: str | None = None, usage: Usage | None = None,
+          choices: bool = True) -> dict[str, Any]:
+    """One streamed chunk; the usage chunk (include_usage) has no choices."""
+    body: dict[str, Any] = {"id": ident, "object": "chat.completion.chunk",
+                            "created": int(time.time()), "model": model,
+                            "choices": [{"index": 0, "delta": delta or {},
+                                         "finish_reason": finish, "logprobs": None}]
+                            if choices else []}
+    if usage is not None:
+        body["usage"] = usage.body()
+    return body

@@ -1,0 +1,30 @@
+"""`arbor-engine serve`: the local API on the command line's terms."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from pathlib import Path
+
+from engine.api.server import Server, ServerOptions, check_binding, model_id_of
+from engine.api.worker import ApiWorker
+from engine.settings import Settings
+
+log = logging.getLogger(__name__)
+
+
+def serve(model: Path, settings: Settings, db: Path | None, options: ServerOptions) -> None:
+    """Load the model (in an engine process of its own), then answer until interrupted.
+    Raises ValueError for a binding that needs --allow-remote and a key, ArborError when the
+    model cannot be loaded, OSError when the address is taken."""
+    check_binding(options)
+    worker = ApiWorker(model, settings, db)
+    loaded = worker.start()
+    try:
+        server = Server(worker, model_id_of(model), options)
+        sys.stderr.write(f"arbor-engine: serving {loaded.name} ({loaded.memory_kind}, "
+                         f"{loaded.n_ctx} tokens of context) at {server.url}\n")
+        sys.stderr.flush()
+        server.run()
+    finally:
+        worker.close()

@@ -1,0 +1,272 @@
+"""The HTTP side of the local API: Starlette routes, uvicorn, server-sent events.
+
+`GET /v1/models` and `POST /v1/chat/completions` in OpenAI's shapes. Every error is an
+OpenAI error body with its status; nothing unhandled reaches a client or the log. The
+replies themselves run on `engine.api.worker.ApiWorker`, one at a time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import json
+import logging
+import socket
+import threading
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+from sse_starlette.sse import EventSourceResponse
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
+from starlette.middleware.cors import CORSMiddleware
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from engine.api.schema import (
+    MAX_BODY_BYTES,
+    ApiError,
+    ChatRequest,
+    chunk,
+    completion,
+    completion_id,
+    parse_body,
+    parse_chat,
+)
+from engine.api.worker import ApiWorker, Delivery, Job, Outcome, Text
+
+log = logging.getLogger(__name__)
+
+LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
+DISCONNECT_POLL_S = 0.25  # how often a waiting request checks that its client is still there
+
+
+@dataclass(frozen=True)
+class ServerOptions:
+    host: str = "127.0.0.1"
+    port: int = 8080
+    api_key: str | None = None
+    allow_remote: bool = False  # binding anything but loopback needs this and a key
+    cors_origins: tuple[str, ...] = ()
+
+
+def check_binding(options: ServerOptions) -> None:
+    """Refuse to listen beyond this machine without the explicit flag and a key."""
+    if options.host in LOCAL_HOSTS:
+        return
+    if not options.allow_remote or not options.api_key:
+        raise ValueError(f"listening on {options.host} lets other machines use the model: "
+                         "it needs --allow-remote and --api-key")
+
+
+def create_app(worker: ApiWorker, model_id: str, options: ServerOptions) -> Starlette:
+    api = _Api(worker, model_id, options.api_key)
+    middleware = [Middleware(CORSMiddleware, allow_origins=list(options.cors_origins),
+                             allow_methods=["GET", "POST"],
+                             allow_headers=["authorization", "content-type"])
+                  ] if options.cors_origins else []
+    return Starlette(
+        routes=[Route("/v1/models", api.guarded(api.models), methods=["GET"]),
+                Route("/v1/chat/completions", api.guarded(api.chat), methods=["POST"])],
+        middleware=middleware,
+        exception_handlers={HTTPException: _http_error, Exception: _internal_error},
+    )
+
+
+class _Api:
+    def __init__(self, worker: ApiWorker, model_id: str, api_key: str | None) -> None:
+        self.worker = worker
+        self.model_id = model_id
+        self._key = api_key.encode() if api_key else None
+
+    def guarded(self, handler: Callable[[Request], Awaitable[Response]]
+                ) -> Callable[[Request], Awaitable[Response]]:
+        async def run(request: Request) -> Response:
+            try:
+                self._authorize(request)
+                return await handler(request)
+            except ApiError as error:
+                return _error(error)
+        return run
+
+    def _authorize(self, request: Request) -> None:
+        if self._key is None:
+            return
+        given = request.headers.get("authorization", "").encode("utf-8", "replace")
+        if not hmac.compare_digest(given, b"Bearer " + self._key):
+            raise ApiError(401, "a valid API key is needed: 'Authorization: Bearer <key>'",
+                           code="invalid_api_key")
+
+    async def models(self, _request: Request) -> Response:
+        return JSONResponse({"object": "list", "data": [
+            {"id": self.model_id, "object": "model", "created": 0, "owned_by": "arbor"}]})
+
+    async def chat(self, request: Request) -> Response:
+        chat = parse_chat(parse_body(await _body(request)))
+        if chat.model and chat.model != self.model_id:
+            raise ApiError(404, f"the model {chat.model[:80]!r} is not loaded here; this "
+                                f"server has {self.model_id!r}", param="model",
+                           code="model_not_found")
+        loop = asyncio.get_running_loop()
+        inbox: asyncio.Queue[Delivery] = asyncio.Queue()
+
+        def deliver(item: Delivery) -> None:  # on the worker thread
+            loop.call_soon_threadsafe(inbox.put_nowait, item)
+
+        job = Job(chat, deliver)
+        self.worker.submit(job)
+        try:
+            first = await _next(request, job, inbox)
+        except asyncio.CancelledError:
+            job.cancelled.set()
+            raise
+        if first is None:  # the client went away while waiting
+            return Response(status_code=499)
+        if isinstance(first, ApiError):
+            return _error(first)
+        ident = completion_id()
+        model = chat.model or self.model_id
+        if chat.stream:
+            return EventSourceResponse(_stream(request, job, inbox, first, chat, ident, model),
+                                       ping=15, headers={"Cache-Control": "no-cache"})
+        item: Delivery | None = first
+        while isinstance(item, Text):  # the text comes whole with the outcome
+            item = await _next(request, job, inbox)
+        if item is None:
+            return Response(status_code=499)
+        if isinstance(item, ApiError):
+            return _error(item)
+        return JSONResponse(completion(ident, model, item.text, item.finish, item.usage))
+
+
+async def _stream(request: Request, job: Job, inbox: asyncio.Queue[Delivery],
+                  first: Delivery, chat: ChatRequest, ident: str, model: str
+                  ) -> AsyncIterator[dict[str, str]]:
+    """The chunks of one reply; a client that goes away cancels this, and so the job."""
+    def data(body: dict[str, Any]) -> dict[str, str]:
+        return {"data": json.dumps(body, ensure_ascii=False)}
+
+    try:
+        yield data(chunk(ident, model, delta={"role": "assistant", "content": ""}))
+        item: Delivery | None = first
+        while item is not None:
+            if isinstance(item, ApiError):  # after the stream began: OpenAI's way, in-band
+                yield data(item.body())
+                break
+            if isinstance(item, Outcome):
+                yield data(chunk(ident, model, finish=item.finish))
+                if chat.include_usage:
+                    yield data(chunk(ident, model, usage=item.usage, choices=False))
+                break
+            # Whatever text has arrived meanwhile goes out as one chunk.
+            text, item = item.text, None
+            while item is None and not inbox.empty():
+                queued = inbox.get_nowait()
+                if isinstance(queued, Text):
+                    text += queued.text
+                else:
+                    item = queued
+            yield data(chunk(ident, model, delta={"content": text}))
+            if item is None:
+                item = await _next(request, job, inbox)
+        yield {"data": "[DONE]"}
+    finally:
+        job.cancelled.set()  # finished, failed or abandoned: nothing more runs for it
+
+
+async def _next(request: Request, job: Job, inbox: asyncio.Queue[Delivery]
+                ) -> Delivery | None:
+    """The job's next delivery; None (and the job cancelled) if the client went away."""
+    while True:
+        try:
+            return await asyncio.wait_for(inbox.get(), DISCONNECT_POLL_S)
+        except TimeoutError:
+            if await request.is_disconnected():
+                job.cancelled.set()
+                return None
+
+
+async def _body(request: Request) -> bytes:
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise _too_large(int(declared))
+    parts: list[bytes] = []
+    size = 0
+    async for part in request.stream():
+        size += len(part)
+        if size > MAX_BODY_BYTES:
+            raise _too_large(size)
+        parts.append(part)
+    return b"".join(parts)
+
+
+def _too_large(size: int) -> ApiError:
+    return ApiError(413, f"the request body is over {MAX_BODY_BYTES:,} bytes ({size:,} read)",
+                    code="request_too_large")
+
+
+def _error(error: ApiError) -> JSONResponse:
+    return JSONResponse(error.body(), status_code=error.status)
+
+
+async def _http_error(_request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    return _error(ApiError(exc.status_code, exc.detail or "not found",
+                           code="not_found" if exc.status_code == 404 else None))
+
+
+async def _internal_error(_request: Request, exc: Exception) -> Response:
+    log.error("an API request failed: %s: %s", type(exc).__name__, exc)
+    return _error(ApiError(500, "an internal error stopped the request", type="server_error"))
+
+
+# --- running -------------------------------------------------------------------------------
+
+
+class Server:
+    """uvicorn on a socket of our own (port 0 picks a free one), on the calling thread
+    (`run`) or a thread of its own (`start`, for the app and the tests)."""
+
+    def __init__(self, worker: ApiWorker, model_id: str, options: ServerOptions) -> None:
+        check_binding(options)
+        self.worker = worker
+        family = socket.AF_INET6 if ":" in options.host else socket.AF_INET
+        self.socket = socket.socket(family, socket.SOCK_STREAM)
+        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.socket.bind((options.host, options.port))
+        self.host, self.port = self.socket.getsockname()[:2]
+        config = uvicorn.Config(create_app(worker, model_id, options), log_level="warning",
+                                lifespan="off", access_log=False)
+        self._server = uvicorn.Server(config)
+        self._thread: threading.Thread | None = None
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{host}:{self.port}/v1"
+
+    def run(self) -> None:
+        self._server.run(sockets=[self.socket])
+
+    def start(self) -> None:
+        self._server.config.install_signal_handlers = False  # type: ignore[attr-defined]
+        self._thread = threading.Thread(target=self.run, name="arbor-api-http", daemon=True)
+        self._thread.start()
+        while not self._server.started and self._thread.is_alive():
+            threading.Event().wait(0.02)
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        if self._thread is not None:
+            self._thread.join()
+        self.socket.close()
+
+
+def model_id_of(path: Path) -> str:
+    return path.stem
+

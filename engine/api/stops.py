@@ -1,0 +1,39 @@
+"""Stop sequences: text is passed on only once no stop sequence can start inside it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class StopScanner:
+    """Feed the reply's pieces; get back what may be shown. After a stop sequence, `hit` is
+    True and `text` is the reply up to it (the sequence itself is not part of the reply)."""
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        self.stops = tuple(s for s in stops if s)
+        self._hold = max((len(s) for s in self.stops), default=1) - 1
+        self.text = ""  # everything received, cut at the stop once hit
+        self._shown = 0
+        self.hit = False
+
+    def feed(self, piece: str) -> str:
+        if self.hit:
+            return ""
+        self.text += piece
+        found = [i for i in (self.text.find(s, max(0, self._shown - self._hold))
+                             for s in self.stops) if i >= 0]
+        if found:
+            self.hit = True
+            self.text = self.text[: min(found)]
+            return self._release(len(self.text))
+        return self._release(len(self.text) - self._hold)
+
+    def flush(self) -> str:
+        """The rest, once the reply ended without a stop sequence."""
+        return self._release(len(self.text))
+
+    def _release(self, upto: int) -> str:
+        if upto <= self._shown:
+            return ""
+        out, self._shown = self.text[self._shown:upto], upto
+        return out

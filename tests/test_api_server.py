@@ -1,0 +1,256 @@
+"""The local OpenAI-compatible server, driven by the official `openai` client against a real
+engine (in its own process) on the tiny fixture models of every memory kind."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from openai import OpenAI
+
+from engine.api.server import Server, ServerOptions, check_binding, model_id_of
+from engine.api.worker import ApiWorker
+from engine.settings import Settings
+from engine.store import Store
+from engine.tree import NodeStatus, Role
+
+TIMEOUT = 240.0  # a hang guard, not a speed claim
+SETTINGS = Settings(n_ctx=1024, max_tokens=12)
+SYSTEM = "You are a patient guide to rivers. " * 6
+FIRST = "Tell me how a river delta forms, and why the silt settles where it does. " * 3
+
+
+@contextmanager
+def serving(model: Path, db: Path, *, settings: Settings = SETTINGS, api_key: str | None = None,
+            max_queue: int = 16) -> Iterator[tuple[Server, OpenAI]]:
+    worker = ApiWorker(model, settings, db, max_queue=max_queue)
+    worker.start()
+    server = Server(worker, model_id_of(model), ServerOptions(port=0, api_key=api_key))
+    server.start()
+    client = OpenAI(base_url=server.url, api_key=api_key or "unused", max_retries=0,
+                    timeout=TIMEOUT)
+    try:
+        yield server, client
+    finally:
+        client.close()
+        server.stop()
+        worker.close()
+
+
+def ask(client: OpenAI, messages: list[dict[str, str]], **extra: Any) -> Any:
+    extra.setdefault("max_tokens", 12)
+    return client.chat.completions.create(
+        model="", messages=messages, temperature=0.0, **extra)  # type: ignore[arg-type]
+
+
+def chat(*turns: str) -> list[dict[str, str]]:
+    """system, then user/assistant alternating."""
+    out = [{"role": "system", "content": SYSTEM}]
+    for index, text in enumerate(turns):
+        out.append({"role": "user" if index % 2 == 0 else "assistant", "content": text})
+    return out
+
+
+def tail(response: Any) -> int:
+    usage = response.usage
+    return int(usage.prompt_tokens - usage.prompt_tokens_details.cached_tokens)
+
+
+@pytest.mark.parametrize("kind", ["dense", "sliding_window", "recurrent", "hybrid"])
+def test_regenerate_edit_and_switch_back_decode_only_the_tail_and_match_a_fresh_server(
+    kind: str, tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    model = tiny_models[kind]
+    with serving(model, tmp_path / "a.db") as (_server, client):
+        one = ask(client, chat(FIRST))
+        assert one.usage.prompt_tokens > 100 and tail(one) == one.usage.prompt_tokens
+        reply1 = one.choices[0].message.content
+        two = ask(client, chat(FIRST, reply1, "And where does the sea come in?"))
+        reply2 = two.choices[0].message.content
+        three = ask(client, chat(FIRST, reply1, "And where does the sea come in?", reply2,
+                                 "What about tides?"))
+        # A swipe: the same request again; a new reply from the state before it.
+        again = ask(client, chat(FIRST, reply1, "And where does the sea come in?", reply2,
+                                 "What about tides?"))
+        assert tail(again) < 40, again.usage
+        # An edit of an earlier message: everything before it is reused.
+        edited = ask(client, chat(FIRST, reply1, "And what do floods do to it?"))
+        assert tail(edited) < 40 and edited.usage.prompt_tokens_details.cached_tokens > 100
+        # Back to the first branch.
+        back = ask(client, chat(FIRST, reply1, "And where does the sea come in?", reply2,
+                                "What about tides?", again.choices[0].message.content,
+                                "Thank you."))
+        assert tail(back) < 40, back.usage
+    # A freshly started server on the same trees (the nodes keep their tokens), with nothing
+    # cached and no disk tier, gives the same words for every step: a full reprocess.
+    shutil.copy(tmp_path / "a.db", tmp_path / "b.db")
+    fresh_settings = Settings(n_ctx=1024, max_tokens=12, disk_tier=False)
+    with serving(model, tmp_path / "b.db", settings=fresh_settings) as (_server, client):
+        for response, messages in [
+            (three, chat(FIRST, reply1, "And where does the sea come in?", reply2,
+                         "What about tides?")),
+            (edited, chat(FIRST, reply1, "And what do floods do to it?")),
+            (back, chat(FIRST, reply1, "And where does the sea come in?", reply2,
+                        "What about tides?", again.choices[0].message.content, "Thank you.")),
+        ]:
+            cold = ask(client, messages)
+            assert cold.choices[0].message.content == response.choices[0].message.content
+            assert cold.usage.prompt_tokens == response.usage.prompt_tokens
+
+
+def test_streaming_gives_the_same_text_in_chunks_and_usage_when_asked(
+    tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    with serving(tiny_models["dense"], tmp_path / "a.db") as (_server, client):
+        whole = ask(client, chat("Hello there"))
+        chunks = list(ask(client, chat("Hello there"), stream=True,
+                          stream_options={"include_usage": True}))
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert text == whole.choices[0].message.content and text
+        assert chunks[0].choices[0].delta.role == "assistant"
+        finals = [c.choices[0].finish_reason for c in chunks if c.choices]
+        assert finals[-1] in ("stop", "length") and finals[:-1] == [None] * (len(finals) - 1)
+        assert chunks[-1].choices == [] and chunks[-1].usage is not None
+        assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+        # The swipe was served from the cache: all but the generation prompt's tail.
+        assert chunks[-1].usage.prompt_tokens_details.cached_tokens > 0
+        plain = list(ask(client, chat("Hello there"), stream=True))
+        assert all(c.usage is None for c in plain)
+
+
+def test_api_conversations_are_trees_in_the_store(tiny_models: dict[str, Path],
+                                                  tmp_path: Path) -> None:
+    db = tmp_path / "a.db"
+    with serving(tiny_models["dense"], db) as (_server, client):
+        one = ask(client, chat("Hi"))
+        ask(client, chat("Hi"))  # a swipe
+        ask(client, chat("Hi", one.choices[0].message.content, "More"))
+        ask(client, chat("Something else"))
+    with Store(db) as store:
+        infos = store.list()
+        assert sorted(i.title for i in infos) == ["API: Hi", "API: Something else"]
+        tree = store.load(next(i.id for i in infos if i.title == "API: Hi"))
+        user = tree.node(tree.root.children[0])
+        assert tree.root.text == SYSTEM and user.text == "Hi" and len(tree.root.children) == 1
+        assert len(user.children) == 2  # the first reply and the swipe
+        assert [n.role for n in tree.messages()] == [Role.USER, Role.ASSISTANT, Role.USER,
+                                                     Role.ASSISTANT]
+
+
+def test_a_stop_sequence_cuts_the_reply_and_the_node_keeps_what_the_client_got(
+    tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    db = tmp_path / "a.db"
+    with serving(tiny_models["dense"], db) as (_server, client):
+        free = ask(client, chat("Count"), max_tokens=24)
+        text = free.choices[0].message.content
+        assert len(text) > 4
+        stop = text[3:5]
+        cut = ask(client, chat("Count"), max_tokens=24, stop=[stop])
+        expected = text[: text.index(stop)]
+        assert cut.choices[0].message.content == expected
+        assert cut.choices[0].finish_reason == "stop"
+        streamed = "".join(c.choices[0].delta.content or "" for c in
+                           ask(client, chat("Count"), max_tokens=24, stop=stop, stream=True))
+        assert streamed == expected
+    with Store(db) as store:
+        tree = store.load(store.list()[0].id)
+        replies = [tree.node(c) for c in tree.node(tree.root.children[0]).children]
+        assert sorted(r.text for r in replies) == sorted([text, expected, expected])
+
+
+def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(
+    tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    db = tmp_path / "a.db"
+    with serving(tiny_models["dense"], db) as (server, client):
+        url = server.url + "/chat/completions"
+        good = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+
+        def post(body: bytes | dict[str, Any]) -> httpx.Response:
+            content = body if isinstance(body, bytes) else json.dumps(body).encode()
+            return httpx.post(url, content=content, timeout=TIMEOUT,
+                              headers={"content-type": "application/json"})
+
+        cases: list[tuple[bytes | dict[str, Any], int, str]] = [
+            (b"{not json", 400, "not valid JSON"),
+            (b"[1, 2]", 400, "JSON object"),
+            ({**good, "messages": []}, 400, "non-empty"),
+            ({**good, "messages": "hi"}, 400, "non-empty"),
+            ({**good, "messages": [{"role": "tool", "content": "x"}]}, 400, "'tool'"),
+            ({**good, "messages": [{"role": "user", "content": 5}]}, 400, "content"),
+            ({**good, "messages": [{"role": "assistant", "content": "x"}]}, 400, "last"),
+            ({**good, "max_tokens": "many"}, 400, "integer"),
+            ({**good, "temperature": 9}, 400, "between"),
+            ({**good, "n": 2}, 400, "'n' must be 1"),
+            ({**good, "model": "gpt-4o"}, 404, "not loaded"),
+            (json.dumps({**good, "pad": "x" * (5 << 20)}).encode(), 413, "bytes"),
+            ({**good, "messages": [{"role": "user", "content": "river " * 3000}]}, 400,
+             "context holds 1024"),
+        ]
+        for body, status, words in cases:
+            answer = post(body)
+            assert answer.status_code == status, (answer.status_code, answer.text[:200])
+            error = answer.json()["error"]
+            assert words in error["message"] and error["type"]
+        assert httpx.get(server.url + "/nothing", timeout=TIMEOUT).status_code == 404
+        with pytest.raises(openai.BadRequestError, match="context holds 1024"):
+            ask(client, [{"role": "user", "content": "river " * 3000}], stream=True)
+        assert ask(client, chat("Still there?")).choices[0].message.content is not None
+    with Store(db) as store:  # the refused requests left no trace
+        assert [i.title for i in store.list()] == ["API: Still there?"]
+
+
+def test_a_key_is_required_when_set_and_other_addresses_need_the_flag(
+    tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    with serving(tiny_models["dense"], tmp_path / "a.db", api_key="s3cret") as (server, client):
+        assert ask(client, chat("hi")).choices
+        other = OpenAI(base_url=server.url, api_key="wrong", max_retries=0)
+        with pytest.raises(openai.AuthenticationError):
+            ask(other, chat("hi"))
+        other.close()
+        no_key = httpx.get(server.url + "/models", timeout=TIMEOUT)
+        assert no_key.status_code == 401 and "API key" in no_key.json()["error"]["message"]
+        assert [m.id for m in client.models.list()] == [model_id_of(tiny_models["dense"])]
+    with pytest.raises(ValueError, match="--allow-remote and --api-key"):
+        check_binding(ServerOptions(host="0.0.0.0"))
+    with pytest.raises(ValueError):
+        check_binding(ServerOptions(host="0.0.0.0", allow_remote=True))
+    check_binding(ServerOptions(host="0.0.0.0", allow_remote=True, api_key="k"))
+
+
+def test_a_client_that_leaves_mid_stream_stops_its_reply_and_frees_the_engine(
+    tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    db = tmp_path / "a.db"
+    with serving(tiny_models["dense"], db, max_queue=1) as (server, client):
+        url = server.url + "/chat/completions"
+        body = {"messages": [{"role": "user", "content": "Go on forever"}],
+                "max_tokens": 1000, "stream": True}
+        with httpx.stream("POST", url, json=body, timeout=TIMEOUT) as response:
+            lines = response.iter_lines()
+            assert next(line for line in lines if line.startswith("data:"))
+            # While it streams, one request may wait; the next is turned away.
+            waiting = threading.Thread(target=ask, args=(client, chat("queued")))
+            waiting.start()
+            worker = server.worker
+            while worker._queue.qsize() == 0:  # the queue is what this tests
+                threading.Event().wait(0.01)
+            with pytest.raises(openai.RateLimitError):
+                ask(client, chat("one too many"))
+        waiting.join()  # served once the first client left
+        assert ask(client, chat("after")).choices
+    with Store(db) as store:
+        info = next(i for i in store.list() if i.title == "API: Go on forever")
+        reply = store.load(info.id).messages()[-1]
+        assert reply.role is Role.ASSISTANT and reply.status is NodeStatus.INTERRUPTED
+        assert reply.text
