@@ -15,14 +15,16 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 
-from PySide6.QtCore import QObject, Signal
+from PySide6.QtCore import QObject, Signal, Slot
 
 from engine.process import EngineProcess
 from engine.protocol import (
     ConfigureRequest,
     Crash,
     EngineDied,
+    Event,
     GenerateRequest,
     LoadRequest,
     Request,
@@ -72,8 +74,11 @@ class ProcessEngine(EngineClient):
 
     def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)
-        self._arrived.connect(self.received)
+        self._arrived.connect(self._relay)
         self._process: EngineProcess | None = None
+        # Requests whose events go elsewhere than the window (the local API's), by id; their
+        # events are handed over on the reader thread and never reach `received`.
+        self._taps: dict[int, Callable[[Event], None]] = {}
         self.restart()
 
     @property
@@ -96,11 +101,33 @@ class ProcessEngine(EngineClient):
         while True:
             event = process.recv()
             if isinstance(event, EngineDied):
+                for tap in list(self._taps.values()):
+                    tap(event)
                 if not process.closing:
                     log.error("the engine process ended: %s", event.describe())
                     self._arrived.emit(event)
                 return
-            self._arrived.emit(event)
+            request_id = getattr(event, "request_id", None)
+            receive = self._taps.get(request_id) if isinstance(request_id, int) else None
+            if receive is not None:
+                receive(event)
+            else:
+                self._arrived.emit(event)
+
+    @Slot(object)
+    def _relay(self, event: object) -> None:
+        """On the GUI thread. After `shutdown`, events still on their way are dropped: the
+        window they were for has closed its store."""
+        if self._process is not None and not self._process.closing:
+            self.received.emit(event)
+
+    def tap(self, request_id: int, receive: Callable[[Event], None] | None) -> None:
+        """Hand the events of `request_id` to `receive` (on the reader thread), not to the
+        window; None ends it. An engine death reaches every tap."""
+        if receive is None:
+            self._taps.pop(request_id, None)
+        else:
+            self._taps[request_id] = receive
 
     def send(self, request: Request | Crash) -> None:
         process = self._process

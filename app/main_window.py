@@ -39,6 +39,7 @@ from app.actions import (
     shortcut_rows,
     spec,
 )
+from app.api_server import AppApi
 from app.chat_model import rows_from_tree
 from app.chat_view import ChatView
 from app.composer import Composer
@@ -100,12 +101,14 @@ class MainWindow(QMainWindow):
         self.status_model = self.status.model_label
         self.files = FileActions(self.controller, self.status, self)
         self.models = ModelSettings(self.controller, self.status, self)
+        self.api = AppApi(self.controller, self)
         self._build_layout()
         self.actions_by_name = make_actions(Scope.WINDOW, self, self._slots())
         self._build_menus()
         self._connect()
         self._restore_geometry()
         self.controller.open_first()
+        self.api.apply(settings)
 
     # --- state the tests and the program read -----------------------------------------------
 
@@ -195,6 +198,8 @@ class MainWindow(QMainWindow):
 
     def _connect(self) -> None:
         c, r = self.controller, self.replies
+        self.models.settings_applied.connect(lambda: self.api.apply(c.settings))
+        self.api.changed.connect(lambda: self.status.show_api(self.api.url, self.api.problem))
         self.sidebar.opened.connect(c.open_conversation)
         self.sidebar.new_requested.connect(c.new_conversation)
         self.sidebar.rename_requested.connect(self._rename)
@@ -370,6 +375,7 @@ class MainWindow(QMainWindow):
         if streaming is not None:  # saved as interrupted: it can be continued next time
             self.replies.interrupt(streaming)
             self.replies.streaming = None
+        self.api.stop()  # its clients get an error; its replies stop
         # Stop (at most a chunk or a token), free the model on its own thread, end it.
         self.engine.shutdown()
         self.files.shutdown()  # before the store closes: an abandoned parse commits nothing

@@ -20,6 +20,7 @@ from PySide6.QtWidgets import (
     QFormLayout,
     QGroupBox,
     QLabel,
+    QLineEdit,
     QSpinBox,
     QVBoxLayout,
     QWidget,
@@ -76,6 +77,15 @@ class SettingsDialog(QDialog):
         self.seed.setSpecialValueText("a new one for every reply")
         self.max_tokens = _spin(1, 1 << 16, current.max_tokens, " tokens", step=128)
 
+        self.api_server = QCheckBox("Serve the loaded model to other programs on this computer")
+        self.api_server.setChecked(current.api_server)
+        self.api_server.setToolTip("An OpenAI-compatible API at http://127.0.0.1:PORT/v1 "
+                                   "(SillyTavern, Open WebUI, editors); its conversations "
+                                   "appear in the sidebar")
+        self.api_port = _spin(1, 65535, current.api_port, "")
+        self.api_key = QLineEdit(current.api_key)
+        self.api_key.setPlaceholderText("none (any program on this computer may connect)")
+
         self.theme = QComboBox()
         for theme in Theme:
             self.theme.addItem(theme.value.capitalize(), theme)
@@ -97,6 +107,10 @@ class SettingsDialog(QDialog):
         sampling.addRow("Top-p", self.top_p)
         sampling.addRow("Seed", self.seed)
         sampling.addRow("Longest reply", self.max_tokens)
+        api = QFormLayout()
+        api.addRow("Local API", self.api_server)
+        api.addRow("Port", self.api_port)
+        api.addRow("API key", self.api_key)
         look = QFormLayout()
         look.addRow("Theme", self.theme)
 
@@ -110,7 +124,8 @@ class SettingsDialog(QDialog):
 
         column = QVBoxLayout(self)
         for title, form in (("Model and context", engine), ("Checkpoints", checkpoints),
-                            ("Sampling defaults", sampling), ("Appearance", look)):
+                            ("Sampling defaults", sampling), ("Local API server", api),
+                            ("Appearance", look)):
             box = QGroupBox(title)
             box.setLayout(form)
             column.addWidget(box)
@@ -118,13 +133,15 @@ class SettingsDialog(QDialog):
         column.addWidget(self.buttons)
 
         for spin in (self.n_ctx, self.n_gpu_layers, self.n_threads, self.ram_budget,
-                     self.interval, self.seed, self.max_tokens):
+                     self.interval, self.seed, self.max_tokens, self.api_port):
             spin.valueChanged.connect(self._update)
         for double in (self.temperature, self.top_p):
             double.valueChanged.connect(self._update)
         for combo in (self.flash_attn, self.type_k, self.type_v, self.theme):
             combo.currentIndexChanged.connect(self._update)
         self.disk_tier.toggled.connect(self._update)
+        self.api_server.toggled.connect(self._update)
+        self.api_key.textChanged.connect(self._update)
         self._update()
 
     def chosen(self) -> Settings:
@@ -146,6 +163,9 @@ class SettingsDialog(QDialog):
             seed=None if seed < 0 else seed,
             max_tokens=self.max_tokens.value(),
             theme=self.theme.currentData(),
+            api_server=self.api_server.isChecked(),
+            api_port=self.api_port.value(),
+            api_key=self.api_key.text().strip(),
         )
 
     def effect(self) -> Effect | None:

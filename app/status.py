@@ -28,6 +28,9 @@ class StatusArea(QObject):
         self.label = QLabel()  # the line above the composer
         self.model_label = QLabel("Loading the model…")
         self.store_label = QLabel()
+        self.api_label = QLabel()  # the local API's address, while it serves
+        self.api_label.setVisible(False)
+        status_bar.addPermanentWidget(self.api_label)
         status_bar.addPermanentWidget(self.store_label)
         status_bar.addPermanentWidget(self.model_label)
         replies.loading.connect(self._on_loading)
@@ -45,6 +48,17 @@ class StatusArea(QObject):
 
     def message(self, text: str, timeout_ms: int = 0) -> None:
         self.bar.showMessage(text, timeout_ms)
+
+    def show_api(self, url: str | None, problem: str | None) -> None:
+        """The local API: its address while it serves, or why it could not start."""
+        if problem is not None:
+            self.api_label.setText(f"API off: {problem}")
+            self.message(f"The local API server could not start: {problem}.", 12_000)
+        else:
+            self.api_label.setText(f"API: {url}" if url else "")
+        self.api_label.setToolTip("OpenAI-compatible: point a client's base URL here "
+                                  "(Settings > Local API server)")
+        self.api_label.setVisible(bool(url) or problem is not None)
 
     # --- loading -----------------------------------------------------------------------------
 

@@ -122,6 +122,14 @@ class EngineProcess:
         except (OSError, ValueError):
             pass  # gone: recv reports it
 
+    def poll(self, timeout: float) -> bool:
+        """Whether an event (or the engine's death) is there to `recv`, waiting up to
+        `timeout` seconds."""
+        try:
+            return self._conn.poll(timeout)
+        except (EOFError, OSError):
+            return True
+
     def recv(self) -> Event:
         """The next event; `EngineDied` once the process has ended (and then always)."""
         try:

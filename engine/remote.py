@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import itertools
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from engine.errors import ArborError, Cancelled, ContextOverflowError, ModelLoadError
@@ -117,6 +117,24 @@ class RemoteReplier:
                     return warmed.report, warmed.rendered
                 case _:
                     pass
+
+    def warm_while(self, path: Sequence[Node], idle: Callable[[], bool],
+                   poll_s: float = 0.05) -> ReplyReport | None:
+        """Prepare `path` while `idle()` holds: what it did, or None if a request came first
+        (the next `reply` makes the warm-up stale; it stops within a chunk)."""
+        if not path:
+            return None
+        epoch = self.process.epoch()
+        self.process.send(WarmRequest(epoch, 0, tuple(NodeView.of(node) for node in path)))
+        while idle():
+            if not self.process.poll(poll_s):
+                continue
+            match self._next():
+                case Warmed() as warmed:
+                    return warmed.report if warmed.done else None
+                case _:
+                    pass
+        return None
 
     def forget(self, node_ids: Sequence[int]) -> None:
         self.process.send(ForgetRequest(tuple(node_ids)))

@@ -44,6 +44,7 @@ MAX_GPU_LAYERS = 999  # the dialog's largest: more than any model has
 MAX_THREADS = 512
 MAX_REPLY_TOKENS = 1 << 16
 MAX_PATH_CHARS = 4096  # a model's path (PATH_MAX on Linux)
+MAX_API_KEY_CHARS = 256
 
 # A number out of range in the file sets the whole file aside (the defaults, and the reason
 # shown once), except where a too-large number has a meaning that fits: it is clamped to that,
@@ -99,6 +100,11 @@ class Settings:
     # The chat template chosen per model file (its path): a name from engine.templates.
     # A model missing here gets its own template, or llama.cpp's built-in one.
     templates: dict[str, str] = field(default_factory=dict)
+    # The local OpenAI-compatible API (engine/api), served by the app while it runs, on
+    # 127.0.0.1 only. The key (empty: none) is kept here in plain text, as peers do.
+    api_server: bool = False
+    api_port: int = 8080
+    api_key: str = ""
 
     def __post_init__(self) -> None:
         # Enums arrive as plain strings from JSON and from Qt's item data.
@@ -245,6 +251,11 @@ def _problems(s: Settings) -> list[str]:
         out.append("the seed must be between 0 and 2,147,483,647")
     if not 1 <= s.max_tokens <= MAX_REPLY_TOKENS:
         out.append("the reply length must be between 1 and 65,536 tokens")
+    if not 1 <= s.api_port <= 65535:
+        out.append("the API server's port must be between 1 and 65,535")
+    if len(s.api_key) > MAX_API_KEY_CHARS or not all(" " < c < "\x7f" for c in s.api_key):
+        out.append(f"the API key must be at most {MAX_API_KEY_CHARS} printable ASCII "
+                   f"characters without spaces")
     for path in ([s.model] if s.model is not None else []) + list(s.templates):
         if len(path) > MAX_PATH_CHARS or "\0" in path:
             out.append(f"the model path {printable(path)} is longer than {MAX_PATH_CHARS} "

@@ -16,7 +16,9 @@ import openai
 import pytest
 from openai import OpenAI
 
+from engine.api.engines import OwnEngine
 from engine.api.server import Server, ServerOptions, check_binding, model_id_of
+from engine.api.trees import LocalTrees
 from engine.api.worker import ApiWorker
 from engine.settings import Settings
 from engine.store import Store
@@ -31,9 +33,10 @@ FIRST = "Tell me how a river delta forms, and why the silt settles where it does
 @contextmanager
 def serving(model: Path, db: Path, *, settings: Settings = SETTINGS, api_key: str | None = None,
             max_queue: int = 16) -> Iterator[tuple[Server, OpenAI]]:
-    worker = ApiWorker(model, settings, db, max_queue=max_queue)
+    engine = OwnEngine(model, settings)
+    worker = ApiWorker(lambda: LocalTrees(db), engine, max_queue=max_queue)
     worker.start()
-    server = Server(worker, model_id_of(model), ServerOptions(port=0, api_key=api_key))
+    server = Server(worker, lambda: model_id_of(model), ServerOptions(port=0, api_key=api_key))
     server.start()
     client = OpenAI(base_url=server.url, api_key=api_key or "unused", max_retries=0,
                     timeout=TIMEOUT)
@@ -43,6 +46,7 @@ def serving(model: Path, db: Path, *, settings: Settings = SETTINGS, api_key: st
         client.close()
         server.stop()
         worker.close()
+        engine.close()
 
 
 def ask(client: OpenAI, messages: list[dict[str, str]], **extra: Any) -> Any:

@@ -6,7 +6,9 @@ import logging
 import sys
 from pathlib import Path
 
+from engine.api.engines import OwnEngine
 from engine.api.server import Server, ServerOptions, check_binding, model_id_of
+from engine.api.trees import LocalTrees
 from engine.api.worker import ApiWorker
 from engine.settings import Settings
 
@@ -18,13 +20,17 @@ def serve(model: Path, settings: Settings, db: Path | None, options: ServerOptio
     Raises ValueError for a binding that needs --allow-remote and a key, ArborError when the
     model cannot be loaded, OSError when the address is taken."""
     check_binding(options)
-    worker = ApiWorker(model, settings, db)
-    loaded = worker.start()
+    engine = OwnEngine(model, settings)
+    worker = ApiWorker(lambda: LocalTrees(db), engine)
     try:
-        server = Server(worker, model_id_of(model), options)
+        worker.start()
+        server = Server(worker, lambda: model_id_of(model), options)
+        loaded = engine.loaded()
+        assert loaded is not None
         sys.stderr.write(f"arbor-engine: serving {loaded.name} ({loaded.memory_kind}, "
                          f"{loaded.n_ctx} tokens of context) at {server.url}\n")
         sys.stderr.flush()
         server.run()
     finally:
         worker.close()
+        engine.close()

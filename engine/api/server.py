@@ -14,7 +14,7 @@ import logging
 import socket
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -64,7 +64,8 @@ def check_binding(options: ServerOptions) -> None:
                          "it needs --allow-remote and --api-key")
 
 
-def create_app(worker: ApiWorker, model_id: str, options: ServerOptions) -> Starlette:
+def create_app(worker: ApiWorker, model_id: Callable[[], str], options: ServerOptions
+               ) -> Starlette:
     api = _Api(worker, model_id, options.api_key)
     middleware = [Middleware(CORSMiddleware, allow_origins=list(options.cors_origins),
                              allow_methods=["GET", "POST"],
@@ -72,14 +73,16 @@ def create_app(worker: ApiWorker, model_id: str, options: ServerOptions) -> Star
                   ] if options.cors_origins else []
     return Starlette(
         routes=[Route("/v1/models", api.guarded(api.models), methods=["GET"]),
-                Route("/v1/chat/completions", api.guarded(api.chat), methods=["POST"])],
+                Route("/v1/chat/completions", api.guarded(api.chat), methods=["POST"]),
+                Route("/arbor/stats", api.guarded(api.stats), methods=["GET"])],
         middleware=middleware,
         exception_handlers={HTTPException: _http_error, Exception: _internal_error},
     )
 
 
 class _Api:
-    def __init__(self, worker: ApiWorker, model_id: str, api_key: str | None) -> None:
+    def __init__(self, worker: ApiWorker, model_id: Callable[[], str], api_key: str | None
+                 ) -> None:
         self.worker = worker
         self.model_id = model_id
         self._key = api_key.encode() if api_key else None
@@ -104,13 +107,19 @@ class _Api:
 
     async def models(self, _request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [
-            {"id": self.model_id, "object": "model", "created": 0, "owned_by": "arbor"}]})
+            {"id": self.model_id(), "object": "model", "created": 0, "owned_by": "arbor"}]})
+
+    async def stats(self, _request: Request) -> Response:
+        """Arbor's own figures: requests answered, prompt tokens decoded while clients
+        waited and by warm-ups, and whether a warm-up runs now."""
+        return JSONResponse(asdict(self.worker.stats))
 
     async def chat(self, request: Request) -> Response:
         chat = parse_chat(parse_body(await _body(request)))
-        if chat.model and chat.model != self.model_id:
+        serving = self.model_id()
+        if chat.model and chat.model != serving:
             raise ApiError(404, f"the model {chat.model[:80]!r} is not loaded here; this "
-                                f"server has {self.model_id!r}", param="model",
+                                f"server has {serving!r}", param="model",
                            code="model_not_found")
         loop = asyncio.get_running_loop()
         inbox: asyncio.Queue[Delivery] = asyncio.Queue()
@@ -130,7 +139,7 @@ class _Api:
         if isinstance(first, ApiError):
             return _error(first)
         ident = completion_id()
-        model = chat.model or self.model_id
+        model = chat.model or serving
         if chat.stream:
             return EventSourceResponse(_stream(request, job, inbox, first, chat, ident, model),
                                        ping=15, headers={"Cache-Control": "no-cache"})
@@ -232,7 +241,8 @@ class Server:
     """uvicorn on a socket of our own (port 0 picks a free one), on the calling thread
     (`run`) or a thread of its own (`start`, for the app and the tests)."""
 
-    def __init__(self, worker: ApiWorker, model_id: str, options: ServerOptions) -> None:
+    def __init__(self, worker: ApiWorker, model_id: Callable[[], str],
+                 options: ServerOptions) -> None:
         check_binding(options)
         self.worker = worker
         family = socket.AF_INET6 if ":" in options.host else socket.AF_INET
@@ -241,7 +251,8 @@ class Server:
         self.socket.bind((options.host, options.port))
         self.host, self.port = self.socket.getsockname()[:2]
         config = uvicorn.Config(create_app(worker, model_id, options), log_level="warning",
-                                lifespan="off", access_log=False)
+                                lifespan="off", access_log=False,
+                                timeout_graceful_shutdown=5)
         self._server = uvicorn.Server(config)
         self._thread: threading.Thread | None = None
 

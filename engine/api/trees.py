@@ -18,13 +18,21 @@ The trees are ordinary conversations in the store ("API: <first message>" in the
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+import logging
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
-from engine.api.schema import Message
-from engine.conversation import Change, Conversation, ReplyJob
+from engine.api.schema import ChatRequest, Message
+from engine.api.worker import Begun
+from engine.conversation import Conversation, ReplyJob, ReplyStart
+from engine.errors import ArborError
+from engine.params import FinishReason
+from engine.reply import NodeView, ReplyResult
 from engine.store import Store
 from engine.tree import Node, NodeStatus, Tree
+
+log = logging.getLogger(__name__)
 
 TITLE_CHARS = 60
 
@@ -51,57 +59,116 @@ class ApiTree:
 
 @dataclass(frozen=True)
 class Placed:
-    """A request placed in its tree: the conversation, what to save, the reply to run."""
+    """A request placed in its tree: the conversation, the branch it added, its reply."""
 
     tree: ApiTree
-    change: Change  # new nodes (the branch the request added), the reply job
+    added: tuple[Node, ...]
+    start: ReplyStart
 
 
 class ApiTrees:
-    """The API's conversations, found or made on demand (one thread uses it: the worker's)."""
+    """The API's conversations, found or made on demand, on one thread (`TreeSide`).
 
-    def __init__(self, store: Store, model: str) -> None:
+    `opened` gives the conversation object a window already holds for an id (the app: one
+    tree in memory per conversation, whoever changes it); `saved` is told of every write."""
+
+    def __init__(self, store: Store, *,
+                 opened: Callable[[int], Conversation | None] = lambda _id: None,
+                 saved: Callable[[int], None] = lambda _id: None) -> None:
         self.store = store
-        self.model = model  # the model file's identity: node tokens depend on its tokenizer
+        self._opened = opened
+        self._saved = saved
         self._open: dict[str, ApiTree] = {}
 
-    def place(self, system: str, messages: Sequence[Message]) -> Placed:
-        held = self._tree(system, messages[0].text)
-        tree = held.conversation.tree
+    def begin(self, request: ChatRequest, model: str, base_seed: int | None) -> Begun:
+        held = self._tree(model, request.system, request.messages[0].text)
+        conversation = held.conversation
+        tree = conversation.tree
         added: list[Node] = []
         node = tree.root
-        for message in messages:
+        for message in request.messages:
             match = _child(tree, node, message)
             if match is None:
                 match = tree.add_child(node.id, message.role, message.text)
                 added.append(match)
             node = match
-        tree.set_active(node.id)
-        return Placed(held, Change(nodes=tuple(added), reply=ReplyJob(node.id)))
+        start = conversation.start_reply(ReplyJob(node.id))
+        placed = Placed(held, tuple(added), start)
+        if held.id is not None:  # a new tree is written whole with its first reply
+            self._save(held, [*added, start.reply])
+        seed = conversation.reply_seed(base_seed)
+        return Begun(placed, tuple(NodeView.of(n).to_node() for n in start.path), seed)
 
-    def save(self, held: ApiTree, nodes: Sequence[Node], deleted: Sequence[int] = ()) -> None:
-        """Write a change; the first one creates the conversation, whole."""
+    def finish(self, begun: Begun, result: ReplyResult, cut: str | None) -> list[Node]:
+        placed = _placed(begun)
+        conversation = placed.tree.conversation
+        finished = conversation.finish_reply(placed.start.reply.id, result)
+        if cut is not None:  # its tokens went past the cut: rendered again from the text
+            reply = conversation.tree.node(placed.start.reply.id)
+            reply.tokens, reply.meta = None, {"finish": FinishReason.STOP.value}
+            reply.status = NodeStatus.COMPLETE
+        self._save(placed.tree, [*placed.added, *finished.nodes], finished.deleted)
+        return conversation.warm_path()
+
+    def take_back(self, begun: Begun) -> None:
+        placed = _placed(begun)
+        tree = placed.tree.conversation.tree
+        gone: list[int] = []
+        for node_id in (placed.start.reply.id, *(n.id for n in placed.added)):
+            if node_id in tree:
+                gone += tree.delete_branch(node_id)
+        if placed.tree.id is None:
+            self._open.pop(placed.tree.key, None)
+            return
+        try:
+            self._save(placed.tree, (), gone)
+        except ArborError:
+            log.exception("could not take back a failed request")
+            self._open.pop(placed.tree.key, None)  # read again from the store next time
+
+    def close(self) -> None:
+        pass
+
+    def _save(self, held: ApiTree, nodes: Sequence[Node], deleted: Sequence[int] = ()) -> None:
         if held.id is None:
             held.id = self.store.create(held.conversation.tree, title=held.title,
                                         settings={"api_tree": held.key})
         else:
             self.store.save(held.id, held.conversation.tree, nodes, deleted=deleted)
+        self._saved(held.id)
 
-    def forget(self, held: ApiTree) -> None:
-        """Drop a cached tree (after a failed save: the next request reads the store)."""
-        self._open.pop(held.key, None)
-
-    def _tree(self, system: str, first: str) -> ApiTree:
-        key = tree_key(self.model, system, first)
+    def _tree(self, model: str, system: str, first: str) -> ApiTree:
+        key = tree_key(model, system, first)
         held = self._open.get(key)
         if held is not None and (held.id is None or self.store.exists(held.id)):
+            if held.id is not None and (shared := self._opened(held.id)) is not None:
+                held.conversation = shared
             return held
         title = "API: " + (" ".join(first.split())[:TITLE_CHARS] or "(empty)")
         found = self.store.find_api_tree(key)
-        tree = self.store.load(found) if found is not None else Tree(system)
-        held = ApiTree(key, title, Conversation(tree), found)
+        conversation = self._opened(found) if found is not None else None
+        if conversation is None:
+            conversation = Conversation(self.store.load(found) if found is not None
+                                        else Tree(system))
+        held = ApiTree(key, title, conversation, found)
         self._open[key] = held
         return held
+
+
+class LocalTrees(ApiTrees):
+    """`arbor-engine serve`'s tree side: its own store connection."""
+
+    def __init__(self, db: Path | None) -> None:
+        # The app may have the database open and be streaming: no recovery from here.
+        super().__init__(Store(db, recover=False))
+
+    def close(self) -> None:
+        self.store.close()
+
+
+def _placed(begun: Begun) -> Placed:
+    assert isinstance(begun.token, Placed)
+    return begun.token
 
 
 def _child(tree: Tree, parent: Node, message: Message) -> Node | None:

@@ -2,10 +2,12 @@
 
 The HTTP side hands a `Job` to `ApiWorker.submit` (a bounded queue: a full one is a 429) and
 reads what the job delivers: pieces of text, then the outcome or an error. The worker thread
-owns the store connection and the trees, places the request (`engine.api.trees`), runs the
-reply on the engine through a `Replier` (`engine.remote.RemoteReplier`: llama.cpp in a process
-of its own, restarted if it dies) and saves the result, as the window does. A job whose client
-went away is cancelled: its reply stops within one token, or it never starts.
+takes the jobs in order. For each it asks its `TreeSide` to place the request in its tree
+(`engine.api.trees`), runs the reply on its `EngineSide`, and hands the result back to the
+tree side to save. `arbor-engine serve` has both sides to itself (`LocalTrees`, `OwnEngine`:
+llama.cpp in a process of its own, restarted if it dies); in the app they are the window's
+trees and the window's engine. A job whose client went away is cancelled: its reply stops
+within one token, or it never starts.
 """
 
 from __future__ import annotations
@@ -13,20 +15,18 @@ from __future__ import annotations
 import logging
 import queue
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from pathlib import Path
+from typing import Protocol
 
 from engine.api.schema import ApiError, ChatRequest, Usage
 from engine.api.stops import StopScanner
-from engine.api.trees import ApiTrees, Placed
 from engine.errors import ArborError, Cancelled, ContextOverflowError
-from engine.params import FinishReason
+from engine.params import FinishReason, SamplingParams
 from engine.protocol import ModelLoaded
-from engine.remote import EngineCrashed, RemoteReplier
-from engine.settings import Settings
-from engine.store import Store
-from engine.tree import NodeStatus
+from engine.remote import EngineCrashed
+from engine.reply import CancelFn, PieceFn, ReplyReport, ReplyResult
+from engine.tree import Node
 
 log = logging.getLogger(__name__)
 
@@ -43,10 +43,20 @@ class Outcome:
     text: str
     finish: str  # OpenAI's finish_reason: "stop" or "length"
     usage: Usage
-    conversation_id: int
 
 
 Delivery = Text | Outcome | ApiError
+
+
+@dataclass(frozen=True)
+class ApiStats:
+    """What the engine did for the API since the server started (`GET /arbor/stats`)."""
+
+    requests: int = 0
+    prompt_tokens: int = 0
+    decoded: int = 0  # prompt tokens decoded while a client waited
+    warm_decoded: int = 0  # decoded by warm-ups, while no request waited
+    warming: bool = False
 
 
 @dataclass
@@ -56,36 +66,72 @@ class Job:
     cancelled: threading.Event = field(default_factory=threading.Event)
 
 
-class ApiWorker:
-    """Start with `start()` (loads the model, raises ArborError if it cannot), then `submit`."""
+@dataclass(frozen=True)
+class Begun:
+    """A request placed in its tree, its reply node made: what the engine needs."""
 
-    def __init__(self, model: Path, settings: Settings, db: Path | None, *,
-                 max_queue: int = MAX_QUEUE,
-                 replier: Callable[[], RemoteReplier] = RemoteReplier) -> None:
-        self.model = model
-        self.settings = settings
-        self.db = db
-        self.loaded: ModelLoaded | None = None
-        self._new_replier = replier
-        self._replier: RemoteReplier | None = None
+    token: object  # the tree side's own handle on the reply
+    path: tuple[Node, ...]  # private copies: root .. the message to answer
+    seed: int
+
+
+class TreeSide(Protocol):
+    """Where API conversations live (see engine.api.trees)."""
+
+    def begin(self, request: ChatRequest, model: str, base_seed: int | None) -> Begun: ...
+
+    def finish(self, begun: Begun, result: ReplyResult, cut: str | None) -> list[Node]:
+        """Save the reply (`cut`: its text ended at a stop sequence there); returns the
+        branch to warm while idle."""
+
+    def take_back(self, begun: Begun) -> None:
+        """A request that got no reply leaves its tree as it was."""
+
+
+class EngineSide(Protocol):
+    def loaded(self) -> ModelLoaded | None: ...
+
+    def sampling(self) -> SamplingParams: ...
+
+    def base_seed(self) -> int | None: ...
+
+    def reply(self, path: Sequence[Node], *, max_tokens: int, seed: int, on_piece: PieceFn,
+              cancel: CancelFn, sampling: SamplingParams) -> ReplyResult: ...
+
+    def warm_while(self, path: Sequence[Node], idle: Callable[[], bool]
+                   ) -> ReplyReport | None: ...
+
+    def recover(self) -> None:
+        """After the engine died under a request."""
+
+    def close(self) -> None: ...
+
+
+class ApiWorker:
+    """`start()`, then `submit` from any thread; `close()` ends it (queued jobs get 503)."""
+
+    def __init__(self, trees: Callable[[], TreeSide], engine: EngineSide, *,
+                 max_queue: int = MAX_QUEUE) -> None:
+        self.engine = engine
+        self._new_trees = trees  # made on the worker thread (a store connection is per thread)
         self._queue: queue.Queue[Job | None] = queue.Queue(maxsize=max_queue)
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
         self._failure: BaseException | None = None
+        self._warm_path: list[Node] = []
+        self.stats = ApiStats()  # replaced whole, so any thread reads a consistent one
 
-    # --- the HTTP side ---------------------------------------------------------------------
+    # --- any thread --------------------------------------------------------------------------
 
-    def start(self) -> ModelLoaded:
+    def start(self) -> None:
         self._thread = threading.Thread(target=self._run, name="arbor-api-worker", daemon=True)
         self._thread.start()
         self._ready.wait()
         if self._failure is not None:
             raise self._failure
-        assert self.loaded is not None
-        return self.loaded
 
     def submit(self, job: Job) -> None:
-        if self._replier is None and self.loaded is None:
+        if self.engine.loaded() is None:
             raise ApiError(503, "no model is loaded", type="server_error")
         try:
             self._queue.put_nowait(job)
@@ -112,61 +158,37 @@ class ApiWorker:
 
     def _run(self) -> None:
         try:
-            # The app may have the database open and be streaming: no recovery from here.
-            store = Store(self.db, recover=False)
-            self._load()
+            trees = self._new_trees()
         except BaseException as exc:  # reported to start()
             self._failure = exc
             self._ready.set()
             return
         self._ready.set()
-        assert self.loaded is not None
-        identity = self.loaded.identity
-        trees = ApiTrees(store, identity.model_sha256 if identity else self.loaded.path)
-        try:
-            while (job := self._queue.get()) is not None:
-                if job.cancelled.is_set():
-                    continue
-                try:
-                    job.deliver(self._answer(job, trees))
-                except ApiError as error:
-                    job.deliver(error)
-                except Exception:  # a bug: the client gets a 500, the server goes on
-                    log.exception("an API request failed")
-                    job.deliver(ApiError(500, "an internal error stopped the reply",
-                                         type="server_error"))
-        finally:
-            if self._replier is not None:
-                self._replier.close()
-            store.close()
+        while (job := self._queue.get()) is not None:
+            if job.cancelled.is_set():
+                continue
+            try:
+                job.deliver(self._answer(job, trees))
+            except ApiError as error:
+                job.deliver(error)
+            except Exception:  # a bug: the client gets a 500, the server goes on
+                log.exception("an API request failed")
+                job.deliver(ApiError(500, "an internal error stopped the reply",
+                                     type="server_error"))
+            self._warm()
+        close = getattr(trees, "close", None)
+        if close is not None:
+            close()
 
-    def _load(self) -> None:
-        self._replier = self._new_replier()
-        self.loaded = self._replier.load(str(self.model), settings=self.settings)
-
-    def _restart(self) -> None:
-        """After the engine died: a new one with the same model (if it loads)."""
-        old, self._replier, self.loaded = self._replier, None, None
-        if old is not None:
-            old.close()
-        try:
-            self._load()
-        except ArborError as exc:
-            log.error("the engine could not be started again: %s", exc)
-
-    def _answer(self, job: Job, trees: ApiTrees) -> Outcome:
-        request = job.request
-        replier, loaded = self._replier, self.loaded
-        if replier is None or loaded is None:
+    def _answer(self, job: Job, trees: TreeSide) -> Outcome:
+        request, engine = job.request, self.engine
+        loaded = engine.loaded()
+        if loaded is None:
             raise ApiError(503, "the model is not loaded (the engine stopped)",
                            type="server_error")
-        placed = trees.place(request.system, request.messages)
-        conversation, change = placed.tree.conversation, placed.change
-        tree = conversation.tree
-        assert change.reply is not None
-        start = conversation.start_reply(change.reply)
-        if placed.tree.id is not None:  # a new tree is written with its first reply
-            trees.save(placed.tree, [*change.nodes, start.reply])
+        identity = loaded.identity
+        begun = trees.begin(request, identity.model_sha256 if identity else loaded.path,
+                            request.seed if request.seed is not None else engine.base_seed())
         stops = StopScanner(request.stop)
 
         def on_piece(piece: str) -> None:
@@ -174,23 +196,20 @@ class ApiWorker:
             if shown:
                 job.deliver(Text(shown))
 
-        settings = self.settings
-        sampling = settings.sampling()
+        sampling = engine.sampling()
         if request.temperature is not None:
             sampling = replace(sampling, temperature=request.temperature)
         if request.top_p is not None:
             sampling = replace(sampling, top_p=request.top_p)
-        seed = request.seed if request.seed is not None else conversation.reply_seed(
-            settings.seed)
         try:
-            result = replier.reply(
-                start.path, resume=None, max_tokens=request.max_tokens or loaded.n_ctx,
-                seed=seed, on_piece=on_piece, sampling=sampling,
+            result = engine.reply(
+                begun.path, max_tokens=request.max_tokens or loaded.n_ctx, seed=begun.seed,
+                on_piece=on_piece, sampling=sampling,
                 cancel=lambda: job.cancelled.is_set() or stops.hit)
         except ArborError as exc:
-            _take_back(trees, placed, start.reply.id)
+            trees.take_back(begun)
             if isinstance(exc, EngineCrashed):
-                self._restart()
+                engine.recover()
             raise _api_error(exc) from None
         if not stops.hit:
             rest = stops.flush()
@@ -199,36 +218,36 @@ class ApiWorker:
         else:  # cut at a stop sequence: the node keeps the text the client got
             result = replace(result, text=stops.text,
                              report=replace(result.report, finish=FinishReason.STOP))
-        finished = conversation.finish_reply(start.reply.id, result)
-        if stops.hit:  # its tokens went past the cut: they are rendered again from the text
-            reply = tree.node(start.reply.id)
-            reply.tokens, reply.meta = None, {"finish": FinishReason.STOP.value}
-            reply.status = NodeStatus.COMPLETE
-        trees.save(placed.tree, [*change.nodes, *finished.nodes], finished.deleted)
+        self._warm_path = trees.finish(begun, result, stops.text if stops.hit else None)
         report = result.report
+        self.stats = replace(self.stats, requests=self.stats.requests + 1,
+                             prompt_tokens=self.stats.prompt_tokens + report.prompt_tokens,
+                             decoded=self.stats.decoded + report.decoded_tokens)
         return Outcome(
             text=result.text,
             finish="length" if report.finish in (FinishReason.LENGTH, FinishReason.CONTEXT_FULL)
             else "stop",
-            usage=Usage(report.prompt_tokens, report.generated_tokens, report.reused_tokens),
-            conversation_id=placed.tree.id or 0)
+            usage=Usage(report.prompt_tokens, report.generated_tokens, report.reused_tokens))
 
-
-def _take_back(trees: ApiTrees, placed: Placed, reply_id: int) -> None:
-    """A request that got no reply leaves its tree as it was (a new tree: not written)."""
-    tree = placed.tree.conversation.tree
-    gone: list[int] = []
-    for node_id in (reply_id, *(n.id for n in placed.change.nodes)):
-        if node_id in tree:
-            gone += tree.delete_branch(node_id)
-    if placed.tree.id is None:
-        trees.forget(placed.tree)
-        return
-    try:
-        trees.save(placed.tree, (), gone)
-    except ArborError:
-        log.exception("could not take back a failed request")
-        trees.forget(placed.tree)  # read again from the store next time
+    def _warm(self) -> None:
+        """While no request waits, decode the branch just answered, its reply included, as
+        the window does while its user reads: the client's next turn then decodes only its
+        new message. (A reply's tokens came from one-token decodes; the exact state after
+        it is the one a batch decode of the whole branch gives.) A request that arrives
+        makes the warm-up stale; it stops within a chunk."""
+        path, self._warm_path = self._warm_path, []
+        if not path or not self._queue.empty():
+            return
+        self.stats = replace(self.stats, warming=True)
+        try:
+            report = self.engine.warm_while(path, self._queue.empty)
+        except ArborError as exc:  # only an optimisation; a dead engine is restarted
+            log.warning("warm-up failed: %s", exc)
+            if isinstance(exc, EngineCrashed):
+                self.engine.recover()
+            report = None
+        self.stats = replace(self.stats, warming=False, warm_decoded=self.stats.warm_decoded
+                             + (report.decoded_tokens if report is not None else 0))
 
 
 def _api_error(exc: ArborError) -> ApiError:

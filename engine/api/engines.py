@@ -1,0 +1,74 @@
+"""`arbor-engine serve`'s engine side: llama.cpp in a process of its own, reloaded if it dies."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from engine.errors import ArborError
+from engine.params import SamplingParams
+from engine.protocol import ModelLoaded
+from engine.remote import RemoteReplier
+from engine.reply import CancelFn, PieceFn, ReplyReport, ReplyResult
+from engine.settings import Settings
+from engine.tree import Node
+
+log = logging.getLogger(__name__)
+
+
+class OwnEngine:
+    """An `EngineSide` with an engine process of its own (see engine.api.worker)."""
+
+    def __init__(self, model: Path, settings: Settings,
+                 replier: Callable[[], RemoteReplier] = RemoteReplier) -> None:
+        """Loads the model; raises ArborError if it cannot."""
+        self.model = model
+        self.settings = settings
+        self._new_replier = replier
+        self._replier: RemoteReplier | None = None
+        self._loaded: ModelLoaded | None = None
+        self._load()
+
+    def loaded(self) -> ModelLoaded | None:
+        return self._loaded
+
+    def sampling(self) -> SamplingParams:
+        return self.settings.sampling()
+
+    def base_seed(self) -> int | None:
+        return self.settings.seed
+
+    def reply(self, path: Sequence[Node], *, max_tokens: int, seed: int, on_piece: PieceFn,
+              cancel: CancelFn, sampling: SamplingParams) -> ReplyResult:
+        assert self._replier is not None
+        return self._replier.reply(path, resume=None, max_tokens=max_tokens, seed=seed,
+                                   on_piece=on_piece, cancel=cancel, sampling=sampling)
+
+    def warm_while(self, path: Sequence[Node], idle: Callable[[], bool]
+                   ) -> ReplyReport | None:
+        if self._replier is None:
+            return None
+        return self._replier.warm_while(path, idle)
+
+    def recover(self) -> None:
+        """A new engine process with the same model (if it loads)."""
+        self.close()
+        try:
+            self._load()
+        except ArborError as exc:
+            log.error("the engine could not be started again: %s", exc)
+
+    def close(self) -> None:
+        replier, self._replier, self._loaded = self._replier, None, None
+        if replier is not None:
+            replier.close()
+
+    def _load(self) -> None:
+        replier = self._new_replier()
+        try:
+            self._loaded = replier.load(str(self.model), settings=self.settings)
+        except BaseException:
+            replier.close()
+            raise
+        self._replier = replier
