@@ -98,10 +98,9 @@ def test_the_engine_killed_mid_reply_keeps_the_reply_interrupted_and_continuable
     assert reply.text.startswith(partial) and reply.status is NodeStatus.COMPLETE
 
 
-def test_an_edit_waiting_on_a_reply_when_the_engine_dies_is_answered_after_the_reload(
-    qtbot: QtBot, window: MainWindow, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    shown = _messages(monkeypatch)
+def _edit_during_a_reply_then_kill(qtbot: QtBot, window: MainWindow) -> None:
+    """Ask, then while a second reply streams edit the first question (the edit waits for
+    the reply to stop) and kill the engine before the reply has stopped."""
     window.models.apply_settings(replace(window.settings, max_tokens=400))
     send(qtbot, window, "First question")
     asked = window.tree.messages()[0]
@@ -114,8 +113,15 @@ def test_an_edit_waiting_on_a_reply_when_the_engine_dies_is_answered_after_the_r
 
     window.text_shown.connect(edit_then_kill)
     window.composer.setPlainText("Tell me a long story.")
+    qtbot.keyClick(window.composer, Qt.Key.Key_Return)
+
+
+def test_an_edit_waiting_on_a_reply_when_the_engine_dies_is_answered_after_the_reload(
+    qtbot: QtBot, window: MainWindow, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shown = _messages(monkeypatch)
     with qtbot.waitSignal(window.model_ready, timeout=TIMEOUT):
-        qtbot.keyClick(window.composer, Qt.Key.Key_Return)
+        _edit_during_a_reply_then_kill(qtbot, window)
     # Loaded again: the edit runs and is answered by the new engine.
     qtbot.waitUntil(lambda: window.replies.streaming is None
                     and window.tree.messages()[0].text == "First question, asked better",
@@ -132,20 +138,8 @@ def test_an_edit_waiting_when_the_engine_is_given_up_is_saved_unanswered(
     qtbot: QtBot, window: MainWindow, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     shown = _messages(monkeypatch)
-    window.models.apply_settings(replace(window.settings, max_tokens=400))
-    send(qtbot, window, "First question")
-    asked = window.tree.messages()[0]
     monkeypatch.setattr(window.replies, "_deaths", MAX_RESTARTS - 1)  # the last chance
-    engine = _engine(window)
-
-    def edit_then_kill(*_args: object) -> None:
-        window.text_shown.disconnect(edit_then_kill)
-        window.controller.edit(asked.id, "First question, asked better")
-        engine.kill()
-
-    window.text_shown.connect(edit_then_kill)
-    window.composer.setPlainText("Tell me a long story.")
-    qtbot.keyClick(window.composer, Qt.Key.Key_Return)
+    _edit_during_a_reply_then_kill(qtbot, window)
     qtbot.waitUntil(lambda: not window.engine.running, timeout=TIMEOUT)
     path = window.tree.messages()
     assert [(n.role, n.text) for n in path] == [(Role.USER, "First question, asked better")]
