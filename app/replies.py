@@ -125,7 +125,8 @@ class Replies(QObject):
             self.engine.restart()
         self._model_path = path
         self.loading.emit(path)
-        self.engine.send(LoadRequest(path=path, settings=self.controller.settings))
+        self.engine.send(LoadRequest(path=path, settings=self.controller.settings,
+                                      without_unreachable_workers=True))
 
     def refuse(self) -> bool:
         """True (and the user is told why) when a reply cannot start now."""
@@ -243,6 +244,9 @@ class Replies(QObject):
         self.model_changed.emit()
         self._deaths += 1
         what = f"The engine stopped: {died.describe()}."
+        if self.controller.settings.rpc_workers:
+            what += (" With RPC workers this is most often a worker that stopped answering; "
+                     "the reload leaves out any that does not answer and names it.")
         saved = " The reply so far is saved; Continue (Ctrl+Shift+Return) goes on with it." \
             if streaming is not None else ""
         if self._deaths >= MAX_RESTARTS or self._model_path is None:

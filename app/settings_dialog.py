@@ -61,6 +61,11 @@ class SettingsDialog(QDialog):
         self.flash_attn.setCurrentIndex(list(FlashAttention).index(current.flash_attn))
         self.type_k = _kv_box(current.type_k)
         self.type_v = _kv_box(current.type_v)
+        self.rpc_workers = QLineEdit(", ".join(current.rpc_workers))
+        self.rpc_workers.setPlaceholderText("none: host:port, host:port")
+        self.rpc_workers.setToolTip(
+            "Other machines running `arbor-engine rpc-worker` take the model's layers. The "
+            "protocol has no authentication: trusted networks or an SSH tunnel only.")
 
         self.ram_budget = _spin(0, 1 << 20, current.checkpoint_ram_mib, " MiB", step=256)
         self.ram_budget.setSpecialValueText("automatic (an eighth of RAM)")
@@ -98,6 +103,7 @@ class SettingsDialog(QDialog):
         engine.addRow("Flash attention", self.flash_attn)
         engine.addRow("K cache type", self.type_k)
         engine.addRow("V cache type", self.type_v)
+        engine.addRow("Remote workers (llama.cpp RPC)", self.rpc_workers)
         checkpoints = QFormLayout()
         checkpoints.addRow("RAM budget", self.ram_budget)
         checkpoints.addRow("Disk tier", self.disk_tier)
@@ -142,6 +148,7 @@ class SettingsDialog(QDialog):
         self.disk_tier.toggled.connect(self._update)
         self.api_server.toggled.connect(self._update)
         self.api_key.textChanged.connect(self._update)
+        self.rpc_workers.textChanged.connect(self._update)
         self._update()
 
     def chosen(self) -> Settings:
@@ -166,6 +173,7 @@ class SettingsDialog(QDialog):
             api_server=self.api_server.isChecked(),
             api_port=self.api_port.value(),
             api_key=self.api_key.text().strip(),
+            rpc_workers=tuple(w for w in self.rpc_workers.text().replace(",", " ").split()),
         )
 
     def effect(self) -> Effect | None:

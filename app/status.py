@@ -92,8 +92,8 @@ class StatusArea(QObject):
     def _on_model_ready(self) -> None:
         self._hide_busy()
         model = self.replies.model
-        for notice in model.notices if model is not None else ():
-            self.message(notice, 10_000)
+        if model is not None and model.notices:
+            self.message(" · ".join(model.notices), 15_000)
 
     @Slot(str)
     def _on_model_failed(self, _message: str) -> None:

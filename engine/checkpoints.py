@@ -61,6 +61,9 @@ class Identity:
     swa_full: bool
     n_seq_max: int = 1  # Arbor's sequence layout: one sequence, id 0
     flags: int = 0
+    # Where the layers ran: "cpu", a GPU backend, and any RPC workers. A remote GPU does not
+    # give the CPU's bits, and a state's tensors are laid out per device.
+    devices: str = "cpu"
 
     def key(self) -> str:
         """A short stable name for this identity (the disk tier's folder)."""

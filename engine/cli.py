@@ -13,6 +13,7 @@ import json
 import logging
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 from pathlib import Path
 from typing import NoReturn
 
@@ -22,6 +23,8 @@ from engine.formats import FormatError
 from engine.model import list_models, read_model_info, resolve_model
 from engine.params import CacheMode, CheckpointOptions
 from engine.paths import data_dirs
+from engine.remote import EngineCrashed, engine_log
+from engine.rpc import RpcError, parse_endpoints, run_worker, unreachable
 from engine.scenario import ScenarioError, load_scenario
 from engine.store import Store, StoreOpenError
 from engine.transfer import FileFormat, commit_import, export_file, format_for_export, parse_import
@@ -75,6 +78,9 @@ def build_parser() -> argparse.ArgumentParser:
         "--disk-tier", action="store_true",
         help="spill checkpoints to the user cache dir instead of dropping them",
     )
+    rp.add_argument("--rpc", metavar="HOST:PORT,...", type=_workers, default=(),
+                    help="llama.cpp RPC workers that take the layers (implies "
+                         "--engine-process: a worker that dies ends that process, not this)")
 
     info = sub.add_parser("info", help="describe a GGUF model from its header")
     info.add_argument("model", nargs="?", default="default")
@@ -101,6 +107,15 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
                     help="allow browser pages from this origin (repeat; default: none)")
     sv.add_argument("--db", type=Path, help="the conversation database (default: the user's)")
+    sv.add_argument("--rpc", metavar="HOST:PORT,...", type=_workers, default=(),
+                    help="llama.cpp RPC workers that take the layers")
+
+    rw = sub.add_parser("rpc-worker", help="run a llama.cpp RPC worker for this build")
+    rw.add_argument("--host", default="127.0.0.1",
+                    help="address to listen on; the protocol has no authentication: use "
+                         "only on a trusted network or through an SSH tunnel")
+    rw.add_argument("--port", type=int, default=50052)
+    rw.add_argument("--threads", type=int, default=0, help="0: llama.cpp's default")
 
     im = sub.add_parser("import", help="add conversations from a session file or export")
     im.add_argument("file", type=Path)
@@ -127,9 +142,23 @@ def main(argv: list[str] | None = None) -> int:
                      EXIT_FAILED)
 
 
+def _workers(text: str) -> tuple[str, ...]:
+    """--rpc's value: host:port addresses, comma-separated."""
+    try:
+        return tuple(str(e) for e in parse_endpoints(text))
+    except RpcError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
 def _run(args: argparse.Namespace) -> int:
     if args.command == "replay":
         return _replay(args)
+    if args.command == "rpc-worker":
+        if not 1 <= args.port <= 65535:
+            raise UsageError(f"--port must be 1..65535, not {args.port}")
+        sys.stderr.write(f"arbor-engine: RPC worker on {args.host}:{args.port} (no "
+                         f"authentication: trusted networks or an SSH tunnel only)\n")
+        return run_worker(args.host, args.port, args.threads)
     if args.command == "serve":
         return _serve(args)
     if args.command == "info":
@@ -181,7 +210,7 @@ def _serve(args: argparse.Namespace) -> int:
     options = ServerOptions(host=args.host, port=args.port, api_key=args.api_key,
                             allow_remote=args.allow_remote,
                             cors_origins=tuple(args.cors_origin))
-    settings = load_settings().settings
+    settings = replace(load_settings().settings, rpc_workers=args.rpc)
     try:
         serve(resolve_model(args.model), settings, args.db, options)
     except ValueError as exc:
@@ -198,10 +227,19 @@ def _replay(args: argparse.Namespace) -> int:
         ram_budget=args.ram_budget << 20 if args.ram_budget is not None else None,
         disk_dir=data_dirs().cache / "checkpoints" if args.disk_tier else None,
     )
-    report = replay(
-        scenario, model=args.model, cache=CacheMode(args.cache), checkpoints=options,
-        db=args.db, engine_process=args.engine_process,
-    )
+    try:
+        report = replay(
+            scenario, model=args.model, cache=CacheMode(args.cache), checkpoints=options,
+            db=args.db, engine_process=args.engine_process or bool(args.rpc),
+            rpc_workers=args.rpc,
+        )
+    except EngineCrashed as exc:
+        if not args.rpc:
+            raise
+        gone = unreachable(parse_endpoints(args.rpc))
+        named = "; ".join(f"{e} ({why})" for e, why in gone) or "none found down now"
+        raise UsageError(f"{exc}: an RPC worker stopped answering ({named}); llama.cpp's "
+                         f"messages are in {printable(engine_log())}") from None
     text = json.dumps(report, indent=2, ensure_ascii=False) + "\n"
     if args.report:
         with _writing(args.report):

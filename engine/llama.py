@@ -69,8 +69,9 @@ def init_backend() -> None:
 
 
 def supports_gpu_offload() -> bool:
-    init_backend()
-    return bool(lc.llama_supports_gpu_offload())
+    """Whether this machine has a GPU this build can use. (llama.cpp's own
+    `llama_supports_gpu_offload` is also true for a build with the RPC backend.)"""
+    return bool(gpu_devices())
 
 
 def system_info() -> str:
@@ -87,6 +88,76 @@ def gpu_backend_name() -> str | None:
         if name in info:
             return name.capitalize() if name != "CUDA" else "CUDA"
     return "GPU"
+
+
+# --- RPC workers -------------------------------------------------------------------------------
+
+_DEVICE_GPU_TYPES = (1, 2)  # ggml_backend_dev_type: GPU, IGPU
+_ggml_lib: ctypes.CDLL | None = None
+_rpc_registered: dict[str, tuple[int, ...]] = {}  # endpoint -> its devices (process-wide)
+
+
+def supports_rpc() -> bool:
+    init_backend()
+    return bool(lc.llama_supports_rpc())
+
+
+def _ggml() -> ctypes.CDLL:
+    """libggml's registry functions (llama-cpp-python binds only libllama's)."""
+    global _ggml_lib
+    if _ggml_lib is None:
+        lib = ctypes.CDLL(str(Path(lc.__file__).parent / "lib" / "libggml.so"))
+        vp, cp, sz = ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t
+        for name, args, result in (
+            ("ggml_backend_reg_by_name", [cp], vp),
+            ("ggml_backend_reg_get_proc_address", [vp, cp], vp),
+            ("ggml_backend_register", [vp], None),
+            ("ggml_backend_reg_dev_count", [vp], sz),
+            ("ggml_backend_reg_dev_get", [vp, sz], vp),
+            ("ggml_backend_dev_count", [], sz),
+            ("ggml_backend_dev_get", [sz], vp),
+            ("ggml_backend_dev_type", [vp], ctypes.c_int),
+        ):
+            function = getattr(lib, name)
+            function.argtypes, function.restype = args, result
+        _ggml_lib = lib
+    return _ggml_lib
+
+
+def rpc_devices(endpoints: Sequence[str]) -> list[int]:
+    """The devices of these workers, each registered once per process (llama.cpp cannot
+    unregister one). The caller has probed them: llama.cpp aborts on one that is gone."""
+    if endpoints and not supports_rpc():
+        raise ModelLoadError("this llama.cpp build has no RPC backend (run `make`, which "
+                             "builds it with RPC on)")
+    devices: list[int] = []
+    for endpoint in endpoints:
+        if endpoint not in _rpc_registered:
+            ggml = _ggml()
+            reg = ggml.ggml_backend_reg_by_name(b"RPC")
+            address = ggml.ggml_backend_reg_get_proc_address(reg, b"ggml_backend_rpc_add_server")
+            if not reg or not address:
+                raise ModelLoadError("llama.cpp's RPC backend is missing its add_server call")
+            add_server = ctypes.CFUNCTYPE(ctypes.c_void_p, ctypes.c_char_p)(address)
+            server = add_server(endpoint.encode())
+            if not server:
+                raise ModelLoadError(f"llama.cpp refused the RPC worker {endpoint}")
+            ggml.ggml_backend_register(server)
+            _rpc_registered[endpoint] = tuple(
+                ggml.ggml_backend_reg_dev_get(server, i)
+                for i in range(ggml.ggml_backend_reg_dev_count(server)))
+        devices.extend(_rpc_registered[endpoint])
+    return devices
+
+
+def gpu_devices() -> list[int]:
+    """This machine's GPUs (none on a CPU build); RPC workers' devices are not among them."""
+    init_backend()
+    ggml = _ggml()
+    remote = {dev for devices in _rpc_registered.values() for dev in devices}
+    return [dev for dev in (ggml.ggml_backend_dev_get(i)
+                            for i in range(ggml.ggml_backend_dev_count()))
+            if ggml.ggml_backend_dev_type(dev) in _DEVICE_GPU_TYPES and dev not in remote]
 
 
 def builtin_template_names() -> list[str]:
@@ -157,14 +228,23 @@ class LlamaModel:
         path: Path,
         *,
         n_gpu_layers: int = 0,
+        rpc_workers: Sequence[str] = (),
         on_progress: Callable[[float], None] | None = None,
     ) -> None:
+        """`rpc_workers`: addresses already probed; layers go to them (and any GPU). The
+        device list is always explicit once a worker was registered in this process, so a
+        load without workers never uses one left registered by an earlier load."""
         init_backend()
         self.path = path
         self.info = read_model_info(path)  # clear errors for missing or non-GGUF files
         params = lc.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
         params.use_mmap = True
+        self._devices: ctypes.Array[ctypes.c_void_p] | None = None  # alive during the load
+        if rpc_workers or _rpc_registered:
+            chosen = [*gpu_devices(), *rpc_devices(rpc_workers)]
+            self._devices = (ctypes.c_void_p * (len(chosen) + 1))(*chosen, None)
+            params.devices = ctypes.cast(self._devices, ctypes.c_void_p)
         if on_progress is not None:
 
             def report(fraction: float, _user_data: ctypes.c_void_p) -> int:

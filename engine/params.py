@@ -53,6 +53,7 @@ class RuntimeSettings:
     n_threads: int = 0
     n_gpu_layers: int = 0
     context: ContextParams | None = None  # flash attention, K/V types, swa_full
+    rpc_workers: tuple[str, ...] = ()  # llama.cpp RPC workers (host:port) that take layers
 
     def context_params(self) -> ContextParams:
         base = self.context or ContextParams()

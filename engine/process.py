@@ -29,6 +29,7 @@ import time
 from dataclasses import replace
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from engine.protocol import (
@@ -57,15 +58,19 @@ class EngineProcess:
     """The parent's handle on one engine process. `send` and the control calls are safe
     from any thread; `recv` is for one reader (it blocks)."""
 
-    def __init__(self, *, epoch: int = 0) -> None:
-        """`epoch`: the real-request count to go on from (a restart keeps it)."""
+    def __init__(self, *, epoch: int = 0, log_file: Path | None = None) -> None:
+        """`epoch`: the real-request count to go on from (a restart keeps it). `log_file`:
+        the engine's stderr (its log, llama.cpp's own messages, a native crash's stack)
+        goes there instead of this process's (a command line's one-line contract)."""
         context = multiprocessing.get_context("spawn")  # never fork a process with Qt threads
         ours, theirs = context.Pipe(duplex=True)
         self._conn: Connection = ours
         self._send_lock = threading.Lock()
         self._epoch = epoch
         self._process: BaseProcess = context.Process(
-            target=child_main, args=(theirs, logging.getLogger().getEffectiveLevel()),
+            target=child_main,
+            args=(theirs, logging.getLogger().getEffectiveLevel(),
+                  str(log_file) if log_file is not None else None),
             name="arbor-engine", daemon=True)
         self._process.start()
         theirs.close()  # the child's end lives in the child only: its death is our EOF
@@ -162,11 +167,29 @@ class EngineProcess:
 
 # --- the child ------------------------------------------------------------------------------
 
+LOG_ROTATE_BYTES = 8 << 20
 
-def child_main(conn: Connection, log_level: int) -> None:
+
+def _redirect_stderr(path: Path) -> None:
+    """File descriptor 2 (Python's and the native code's) to `path`, appended; the file is
+    rotated once it passes LOG_ROTATE_BYTES (one older file kept)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if path.exists() and path.stat().st_size > LOG_ROTATE_BYTES:
+            os.replace(path, path.with_name(path.name + ".1"))
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    except OSError:
+        return  # the log stays where it was
+    os.dup2(fd, 2)
+    os.close(fd)
+
+
+def child_main(conn: Connection, log_level: int, log_file: str | None = None) -> None:
     """The engine process: a reader thread for messages, the main thread for requests."""
     import faulthandler
 
+    if log_file is not None:
+        _redirect_stderr(Path(log_file))
     logging.basicConfig(level=log_level, stream=sys.stderr,
                         format="arbor-engine %(levelname)s %(name)s: %(message)s")
     faulthandler.enable()  # a native crash leaves its stack in the log

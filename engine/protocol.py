@@ -42,6 +42,9 @@ class LoadRequest:
     path: str
     settings: Settings = field(default_factory=Settings)
     options: EngineOptions | None = None  # given: these, not `settings`
+    # The window's loads: an RPC worker that does not answer is left out (and the notice
+    # names it) instead of failing the load; the command line refuses instead.
+    without_unreachable_workers: bool = False
 
 
 @dataclass(frozen=True)

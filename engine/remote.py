@@ -11,10 +11,12 @@ from __future__ import annotations
 import itertools
 import logging
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from engine.errors import ArborError, Cancelled, ContextOverflowError, ModelLoadError
 from engine.params import SamplingParams
+from engine.paths import data_dirs
 from engine.process import EngineProcess
 from engine.protocol import (
     EngineDied,
@@ -54,9 +56,16 @@ class EngineCrashed(ArborError):
     """The engine process ended in the middle of a request."""
 
 
+def engine_log() -> Path:
+    """Where a command line's engine process writes its log and llama.cpp's messages."""
+    return data_dirs().cache / "engine.log"
+
+
 class RemoteReplier:
     def __init__(self, process: EngineProcess | None = None) -> None:
-        self.process = process or EngineProcess()
+        """Without `process`, a new engine whose stderr goes to `engine_log()` (the command
+        line keeps its own stderr to one line per error)."""
+        self.process = process or EngineProcess(log_file=engine_log())
         self.usage: StoreUsage | None = None  # the last checkpoint figures the engine sent
         self._ids = itertools.count(1)
 

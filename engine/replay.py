@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +34,7 @@ def replay(
     checkpoints: CheckpointOptions | None = None,
     db: Path | None = None,
     engine_process: bool = False,
+    rpc_workers: tuple[str, ...] = (),
 ) -> dict[str, Any]:
     """Run every step and return the report (a JSON-ready dict). With `db`, the
     conversation is persisted to that store as it goes, one transaction per action. With
@@ -41,6 +42,10 @@ def replay(
     every reply crosses the same protocol as the window's."""
     path = resolve_model(model or scenario.model, base=scenario.base_dir)
     settings = runtime_settings or RuntimeSettings(n_ctx=scenario.n_ctx, n_batch=scenario.n_batch)
+    if rpc_workers:
+        settings = replace(settings, rpc_workers=rpc_workers)
+    # A worker that dies makes llama.cpp abort its process: never this one.
+    engine_process = engine_process or bool(settings.rpc_workers)
     options = checkpoints or CheckpointOptions()
     use_cache = cache is CacheMode.CHECKPOINTS
     with contextlib.ExitStack() as stack:

@@ -15,7 +15,7 @@ import codecs
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -33,7 +33,8 @@ from engine.llama import (
     supports_gpu_offload,
 )
 from engine.model import MemoryKind, file_sha256
-from engine.params import FinishReason, RuntimeSettings, Source
+from engine.params import FinishReason, FlashAttention, RuntimeSettings, Source
+from engine.rpc import WorkersUnreachable, parse_endpoints, unreachable
 from engine.schedule import CPU_GRID, GPU_GRID, Schedule, decode_schedule
 
 log = logging.getLogger(__name__)
@@ -81,8 +82,21 @@ class Runtime:
     ) -> None:
         self.settings = settings or RuntimeSettings()
         self.notices: list[str] = []
+        workers = tuple(str(e) for e in parse_endpoints(self.settings.rpc_workers))
+        gone = unreachable(parse_endpoints(workers))
+        if gone:  # llama.cpp would abort the process on registering one of these
+            raise WorkersUnreachable(gone)
         n_gpu_layers = self.settings.n_gpu_layers
-        if n_gpu_layers != 0 and not supports_gpu_offload():
+        context = self.settings.context_params()
+        if workers:
+            if n_gpu_layers == 0:
+                n_gpu_layers = -1  # the workers are there to take the layers
+            if context.flash_attn is not FlashAttention.ON:
+                # Without it a state save over RPC is one round trip per cell (LESSONS.md).
+                context = replace(context, flash_attn=FlashAttention.ON)
+                self.notices.append("flash attention is on: RPC workers need it")
+        gpu = gpu_backend_name() if n_gpu_layers != 0 and supports_gpu_offload() else None
+        if n_gpu_layers != 0 and gpu is None and not workers:
             message = (
                 "GPU offload was requested but this llama.cpp build has no GPU backend; "
                 "running on the CPU"
@@ -90,12 +104,16 @@ class Runtime:
             log.warning(message)
             self.notices.append(message)
             n_gpu_layers = 0
-        self.backend = (gpu_backend_name() or "CPU") if n_gpu_layers != 0 else "CPU"
+        self.backend = gpu or "CPU"
+        if workers:
+            self.backend += f" + {len(workers)} RPC worker{'s' if len(workers) > 1 else ''}"
+        self.devices = ",".join([(gpu or "cpu").lower(), *(f"rpc:{w}" for w in workers)])
         self.model = LlamaModel(
-            model_path, n_gpu_layers=n_gpu_layers, on_progress=on_load_progress
+            model_path, n_gpu_layers=n_gpu_layers, rpc_workers=workers,
+            on_progress=on_load_progress,
         )
         try:
-            self.ctx = LlamaContext(self.model, self.settings.context_params())
+            self.ctx = LlamaContext(self.model, context)
         except ArborError:
             self.model.close()
             raise
@@ -106,7 +124,7 @@ class Runtime:
         self.n_batch = params.n_batch
         # Chunk ends on a grid inside long messages: where an edit restarts, and where
         # recurrent checkpoints (every RECURRENT_INTERVAL) sit.
-        self.grid = min(self.n_batch, CPU_GRID if self.backend == "CPU" else GPU_GRID)
+        self.grid = min(self.n_batch, CPU_GRID if gpu is None else GPU_GRID)
         self._live: list[int] = []
         # The chunk ends the live prefix was decoded with: the state up to _bounds[-1] is
         # exactly what that schedule gives. Tokens after it came from one-token decodes.
@@ -165,6 +183,7 @@ class Runtime:
             swa_full=params.swa_full,
             n_seq_max=1,
             flags=STATE_FLAGS,
+            devices=self.devices,
         )
 
     # --- the live cache ----------------------------------------------------------------

@@ -54,6 +54,7 @@ from engine.protocol import (
     WarmRequest,
 )
 from engine.reply import ReplyReport, rendered, run_reply
+from engine.rpc import WorkersUnreachable, parse_endpoint
 from engine.runtime import Runtime
 from engine.settings import Effect, Settings, effect_of
 
@@ -149,10 +150,24 @@ class EngineService:
                 shown[0] = fraction
                 self._emit(LoadProgress(request.path, fraction))
 
+        skipped: tuple[str, ...] = ()
         try:
-            runtime = Runtime(
-                Path(request.path), options.runtime, on_load_progress=on_load_progress
-            )
+            try:
+                runtime = Runtime(
+                    Path(request.path), options.runtime, on_load_progress=on_load_progress
+                )
+            except WorkersUnreachable as exc:
+                if not request.without_unreachable_workers:
+                    raise
+                skipped = exc.endpoints  # the window: run without them, and say so
+                runtime = Runtime(
+                    Path(request.path),
+                    replace(options.runtime, rpc_workers=tuple(
+                        w for w in options.runtime.rpc_workers
+                        if str(parse_endpoint(w)) not in skipped)),
+                    on_load_progress=on_load_progress)
+                runtime.notices.insert(0, f"{exc}; running without "
+                                          f"{'them' if len(skipped) > 1 else 'it'}")
         except ArborError as exc:
             self._emit(LoadFailed(request.path, str(exc)))  # the previous model keeps working
             return
@@ -200,7 +215,7 @@ class EngineService:
         effect = effect_of(self._settings, settings)
         generator = self._generator
         if effect in (Effect.RELOAD, Effect.INVALIDATE) and self._path is not None:
-            self.load(LoadRequest(self._path, settings))
+            self.load(LoadRequest(self._path, settings, without_unreachable_workers=True))
             return
         previous, self._settings = self._settings, settings
         if generator is None:

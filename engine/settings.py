@@ -34,6 +34,7 @@ from engine.params import (
     SamplingParams,
 )
 from engine.paths import data_dirs
+from engine.rpc import RpcError, parse_endpoints
 
 log = logging.getLogger(__name__)
 
@@ -45,6 +46,7 @@ MAX_THREADS = 512
 MAX_REPLY_TOKENS = 1 << 16
 MAX_PATH_CHARS = 4096  # a model's path (PATH_MAX on Linux)
 MAX_API_KEY_CHARS = 256
+MAX_RPC_WORKERS = 16  # GGML_RPC_MAX_SERVERS
 
 # A number out of range in the file sets the whole file aside (the defaults, and the reason
 # shown once), except where a too-large number has a meaning that fits: it is clamped to that,
@@ -76,7 +78,7 @@ class Effect(StrEnum):
     INVALIDATE = "invalidate"  # the model is loaded again; saved checkpoints no longer fit
 
 
-_CONTEXT_FIELDS = ("n_ctx", "flash_attn", "type_k", "type_v")
+_CONTEXT_FIELDS = ("n_ctx", "flash_attn", "type_k", "type_v", "rpc_workers")
 _LOAD_FIELDS = ("n_gpu_layers", "n_threads")
 
 
@@ -105,6 +107,8 @@ class Settings:
     api_server: bool = False
     api_port: int = 8080
     api_key: str = ""
+    # llama.cpp RPC workers (host:port) that take the model's layers; see engine/rpc.py.
+    rpc_workers: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         # Enums arrive as plain strings from JSON and from Qt's item data.
@@ -119,6 +123,7 @@ class Settings:
 
     def runtime(self) -> RuntimeSettings:
         return RuntimeSettings(
+            rpc_workers=tuple(self.rpc_workers),
             n_ctx=self.n_ctx,
             n_threads=self.n_threads,
             n_gpu_layers=self.n_gpu_layers,
@@ -147,6 +152,7 @@ class Settings:
 
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
+        data["rpc_workers"] = list(self.rpc_workers)  # as JSON holds it
         data["version"] = _VERSION
         return data
 
@@ -188,6 +194,10 @@ def _coerce(name: str, value: object, default: object) -> object:
         if value not in names:
             raise ValueError(f"expected one of {', '.join(names)}, got {_shown(value)}")
         return kind(cast(str, value))
+    if name == "rpc_workers":
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise TypeError("expected a list of host:port strings")
+        return tuple(value)
     if name == "templates":
         if not isinstance(value, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in value.items()
@@ -251,6 +261,13 @@ def _problems(s: Settings) -> list[str]:
         out.append("the seed must be between 0 and 2,147,483,647")
     if not 1 <= s.max_tokens <= MAX_REPLY_TOKENS:
         out.append("the reply length must be between 1 and 65,536 tokens")
+    try:
+        if len(s.rpc_workers) > MAX_RPC_WORKERS:
+            out.append(f"at most {MAX_RPC_WORKERS} RPC workers")
+        else:
+            parse_endpoints(s.rpc_workers)
+    except RpcError as exc:
+        out.append(str(exc))
     if not 1 <= s.api_port <= 65535:
         out.append("the API server's port must be between 1 and 65,535")
     if len(s.api_key) > MAX_API_KEY_CHARS or not all(" " < c < "\x7f" for c in s.api_key):

@@ -7,7 +7,7 @@ import os
 from multiprocessing.connection import Connection
 
 
-def abort_at_start(conn: Connection, _log_level: int) -> None:
+def abort_at_start(conn: Connection, *_args: object) -> None:
     """An engine that aborts before it says anything, as one with a broken build would."""
     conn.close()
     os.abort()
