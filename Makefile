@@ -21,6 +21,7 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 run: $(STAMP)
+	$(PY) -m app.system_check
 	$(VENV)/bin/arbor
 
 test: $(STAMP)

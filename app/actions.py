@@ -116,6 +116,8 @@ ACTIONS: tuple[ActionSpec, ...] = (
                Menu.VIEW),
     # Help
     ActionSpec("shortcuts", "Keyboard shortcuts", ("F1",), None, Menu.HELP),
+    ActionSpec("log_folder", "Open log folder", (), None, Menu.HELP,
+               "The app's and the engine's logs, and the stack of a native crash"),
 )
 
 # Toolbar order; None is a separator.

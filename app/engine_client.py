@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 from collections.abc import Callable
+from pathlib import Path
 
 from PySide6.QtCore import QObject, Signal, Slot
 
@@ -72,8 +73,10 @@ class EngineClient(QObject):
 class ProcessEngine(EngineClient):
     _arrived = Signal(object)  # emitted on the reader thread, delivered on the GUI thread
 
-    def __init__(self, parent: QObject | None = None) -> None:
+    def __init__(self, parent: QObject | None = None, *, log_file: Path | None = None) -> None:
+        """`log_file`: the engine process's stderr (None: this process's)."""
         super().__init__(parent)
+        self._log_file = log_file
         self._arrived.connect(self._relay)
         self._process: EngineProcess | None = None
         # Requests whose events go elsewhere than the window (the local API's), by id; their
@@ -91,7 +94,8 @@ class ProcessEngine(EngineClient):
 
     def restart(self) -> None:
         # The count goes on: a warm-up sent before the crash stays stale.
-        process = EngineProcess(epoch=self._process.epoch() if self._process else 0)
+        process = EngineProcess(epoch=self._process.epoch() if self._process else 0,
+                                log_file=self._log_file)
         self._process = process
         threading.Thread(target=self._pump, args=(process,), name="arbor-engine-events",
                          daemon=True).start()

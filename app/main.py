@@ -8,6 +8,8 @@ from pathlib import Path
 
 from PySide6.QtWidgets import QApplication, QMessageBox
 
+from app.engine_client import ProcessEngine
+from app.logs import engine_log, setup_logging
 from app.main_window import MainWindow
 from app.theme import apply_theme
 from engine.errors import ArborError
@@ -20,7 +22,11 @@ log = logging.getLogger(__name__)
 
 
 def main() -> int:
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    if "--self-test" in sys.argv[1:]:
+        from app.self_test import run_self_test
+
+        return run_self_test()
+    setup_logging()
     app = QApplication(sys.argv)
     app.setApplicationName("Arbor")
     app.setOrganizationName("Arbor")
@@ -32,7 +38,8 @@ def main() -> int:
         # The database is kept as it is; nothing is written over it.
         QMessageBox.critical(None, "Arbor", f"Your conversations could not be opened.\n\n{exc}")
         return 1
-    window = MainWindow(store=store, settings=loaded.settings)
+    window = MainWindow(store=store, settings=loaded.settings,
+                        engine=ProcessEngine(log_file=engine_log()))
     window.show()
     if loaded.problem:
         # Once, after the window is up; the file stays as it is until the user saves settings.

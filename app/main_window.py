@@ -14,8 +14,8 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 
-from PySide6.QtCore import QByteArray, QSettings, Qt, Signal, Slot
-from PySide6.QtGui import QCloseEvent
+from PySide6.QtCore import QByteArray, QSettings, Qt, QUrl, Signal, Slot
+from PySide6.QtGui import QCloseEvent, QDesktopServices
 from PySide6.QtWidgets import (
     QDockWidget,
     QHBoxLayout,
@@ -167,6 +167,7 @@ class MainWindow(QMainWindow):
             "next_conversation": lambda: c.step_conversation(1),
             "previous_conversation": lambda: c.step_conversation(-1),
             "shortcuts": self._show_shortcuts,
+            "log_folder": self._open_log_folder,
         }
 
     def _build_menus(self) -> None:
@@ -362,6 +363,12 @@ class MainWindow(QMainWindow):
             value = settings.value(key)
             if isinstance(value, QByteArray):
                 restore(value)
+
+    def _open_log_folder(self) -> None:
+        folder = data_dirs().logs
+        folder.mkdir(parents=True, exist_ok=True)
+        if not QDesktopServices.openUrl(QUrl.fromLocalFile(str(folder))):
+            self.status.message(f"The logs are in {folder}", 15_000)
 
     def closeEvent(self, event: QCloseEvent) -> None:
         if not self.engine.running:  # closed before: everything is released

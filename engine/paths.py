@@ -17,6 +17,7 @@ class DataDirs:
     data: Path  # conversations database, models/
     cache: Path  # checkpoint disk tier, file-hash cache
     config: Path  # settings
+    logs: Path  # the app's log, the engine's, native crash stacks
 
     @property
     def models(self) -> Path:
@@ -29,9 +30,11 @@ def data_dirs(base: Path | str | None = None) -> DataDirs:
         base = os.environ[HOME_ENV]
     if base is not None:
         root = Path(base)
-        return DataDirs(data=root / "data", cache=root / "cache", config=root / "config")
+        return DataDirs(data=root / "data", cache=root / "cache", config=root / "config",
+                        logs=root / "logs")
     return DataDirs(
         data=Path(platformdirs.user_data_dir(APP_NAME, appauthor=False)),
         cache=Path(platformdirs.user_cache_dir(APP_NAME, appauthor=False)),
         config=Path(platformdirs.user_config_dir(APP_NAME, appauthor=False)),
+        logs=Path(platformdirs.user_log_dir(APP_NAME, appauthor=False)),
     )
