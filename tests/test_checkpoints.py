@@ -297,8 +297,11 @@ def test_identity_changes_with_every_setting_that_shapes_the_state() -> None:
         _identity(flash_attn="on").key(),
         _identity(swa_full=True).key(),
         _identity(llama_cpp_python="0.3.37").key(),
+        # A state made with offload or on RPC workers never goes into a CPU context.
+        _identity(devices="cuda").key(),
+        _identity(devices="cpu,rpc:10.0.0.5:50052").key(),
     }
-    assert len(keys) == 8
+    assert len(keys) == 10
 
 
 # --- hostile files in the disk tier: removed, never loaded, never fatal --------------------
