@@ -137,12 +137,16 @@ class WindowEngine:
     def base_seed(self) -> int | None:
         return self._controller.settings.seed
 
-    def reply(self, path: Sequence[Node], *, max_tokens: int, seed: int, on_piece: PieceFn,
-              cancel: CancelFn, sampling: SamplingParams) -> ReplyResult:
-        while self._replies.streaming is not None:  # the window's reply goes first
+    def wait_turn(self, cancel: CancelFn) -> None:
+        """The window's reply goes first: an API request is placed in its tree and run only
+        while the window has none running."""
+        while self._replies.streaming is not None:
             if cancel() or self._closing.is_set():
                 raise Cancelled()
             time.sleep(POLL_S)
+
+    def reply(self, path: Sequence[Node], *, max_tokens: int, seed: int, on_piece: PieceFn,
+              cancel: CancelFn, sampling: SamplingParams) -> ReplyResult:
         request_id = next(self._ids)
         events: queue.Queue[Event] = queue.Queue()
         self._engine.tap(request_id, events.put)

@@ -33,6 +33,9 @@ class OwnEngine:
     def loaded(self) -> ModelLoaded | None:
         return self._loaded
 
+    def wait_turn(self, cancel: CancelFn) -> None:
+        pass  # the engine is this server's alone
+
     def sampling(self) -> SamplingParams:
         return self.settings.sampling()
 

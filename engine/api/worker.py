@@ -91,6 +91,10 @@ class TreeSide(Protocol):
 class EngineSide(Protocol):
     def loaded(self) -> ModelLoaded | None: ...
 
+    def wait_turn(self, cancel: CancelFn) -> None:
+        """Return when this side may place and run a request (raise Cancelled if `cancel`
+        says so first): at once, or once a window sharing the engine has no reply running."""
+
     def sampling(self) -> SamplingParams: ...
 
     def base_seed(self) -> int | None: ...
@@ -186,6 +190,10 @@ class ApiWorker:
         if loaded is None:
             raise ApiError(503, "the model is not loaded (the engine stopped)",
                            type="server_error")
+        try:
+            engine.wait_turn(job.cancelled.is_set)
+        except Cancelled:
+            raise ApiError(499, "the client went away", type="cancelled") from None
         identity = loaded.identity
         begun = trees.begin(request, identity.model_sha256 if identity else loaded.path,
                             request.seed if request.seed is not None else engine.base_seed())
