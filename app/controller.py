@@ -23,6 +23,7 @@ from engine.errors import ArborError
 from engine.protocol import ForgetRequest
 from engine.settings import Settings
 from engine.store import ConversationInfo, SearchHit, Store
+from engine.titles import NEW_TITLE, title_from
 from engine.tree import Node, Role, Tree, TreeError
 
 log = logging.getLogger(__name__)
@@ -76,7 +77,7 @@ class ChatController(QObject):
 
     def new_conversation(self) -> bool:
         tree = Tree()
-        cid = self.fetch(lambda: self.store.create(tree, title="New conversation"))
+        cid = self.fetch(lambda: self.store.create(tree, title=NEW_TITLE))
         if cid is None:
             return False
         self.conversations[cid] = Conversation(tree)
@@ -147,8 +148,19 @@ class ChatController(QObject):
         change = self.conversation.send(text)
         if not self._persist(change, leaf):
             return False
+        self._title_from_first_message(self.current, text)
         self.replies.start(self.current, change)
         return True
+
+    def _title_from_first_message(self, conversation_id: int, text: str) -> None:
+        """A conversation still called "New conversation" takes its title from its first
+        message (a title the user chose is kept)."""
+        if sum(1 for n in self.tree.nodes() if n.role is Role.USER) != 1:
+            return
+        current = self.fetch(lambda: self.store.title(conversation_id))
+        title = title_from(text)
+        if current == NEW_TITLE and title != NEW_TITLE:
+            self.rename(conversation_id, title)
 
     def edit(self, node_id: int, text: str, *, answer: bool = True) -> None:
         """A new version beside the old one; a user message gets a new reply (unless not

@@ -400,6 +400,13 @@ class Store:
         ).fetchall()
         return [ConversationInfo(*row) for row in rows]
 
+    def title(self, conversation_id: int) -> str:
+        row = self._db.execute("SELECT title FROM conversations WHERE id = ?",
+                               (conversation_id,)).fetchone()
+        if row is None:
+            raise StoreError(f"there is no conversation {conversation_id}")
+        return str(row[0])
+
     def exists(self, conversation_id: int) -> bool:
         """A conversation that is there and not in the bin."""
         return self._db.execute(
