@@ -22,6 +22,7 @@ from PySide6.QtWidgets import (
     QInputDialog,
     QMainWindow,
     QMessageBox,
+    QProgressBar,
     QPushButton,
     QSplitter,
     QVBoxLayout,
@@ -43,6 +44,7 @@ from app.api_server import AppApi
 from app.chat_model import rows_from_tree
 from app.chat_view import ChatView
 from app.composer import Composer
+from app.context_gauge import ContextGauge
 from app.controller import ChatController
 from app.engine_client import EngineClient, ProcessEngine
 from app.files import FileActions
@@ -102,6 +104,9 @@ class MainWindow(QMainWindow):
         self.files = FileActions(self.controller, self.status, self)
         self.models = ModelSettings(self.controller, self.status, self)
         self.api = AppApi(self.controller, self)
+        self.context_bar = QProgressBar()
+        self.context_gauge = ContextGauge(self.controller, self.context_bar)
+        self.statusBar().addPermanentWidget(self.context_bar)
         self._build_layout()
         self.actions_by_name = make_actions(Scope.WINDOW, self, self._slots())
         self._build_menus()
