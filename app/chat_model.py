@@ -9,8 +9,10 @@ an inserted tail); `update_text` grows a streaming reply in place.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from datetime import datetime
 from enum import IntEnum
 from typing import Any
 
@@ -50,6 +52,18 @@ class MessageRow:
     variant: int  # 0-based index among its siblings
     variants: int  # number of siblings, itself included
     checkpoint: str | None = None
+    created: float = 0.0  # seconds since the epoch; 0: unknown (no time shown)
+
+
+def message_time(created: float, now: float | None = None) -> str:
+    """When a message was written, for its tooltip: the time today, else the date too."""
+    if created <= 0:
+        return ""
+    moment = datetime.fromtimestamp(created)
+    today = datetime.fromtimestamp(time.time() if now is None else now).date()
+    if moment.date() == today:
+        return moment.strftime("%H:%M")
+    return moment.strftime("%Y-%m-%d %H:%M")
 
 
 def rows_from_tree(tree: Tree, checkpoints: Mapping[int, str] | None = None) -> list[MessageRow]:
@@ -71,6 +85,7 @@ def rows_from_tree(tree: Tree, checkpoints: Mapping[int, str] | None = None) -> 
                 variant=siblings.index(node.id),
                 variants=len(siblings),
                 checkpoint=marks.get(node.id),
+                created=node.created,
             )
         )
     return rows
@@ -113,6 +128,7 @@ _ROLE_NAMES: dict[int, bytes] = {
 
 _DISPLAY = int(Qt.ItemDataRole.DisplayRole)
 _ACCESSIBLE = int(Qt.ItemDataRole.AccessibleTextRole)
+_TOOLTIP = int(Qt.ItemDataRole.ToolTipRole)  # the message's time, on hover
 
 
 def _changed_roles(old: MessageRow, new: MessageRow) -> list[int]:
@@ -152,6 +168,8 @@ class ChatModel(QAbstractListModel):
             return row.text
         if role == _ACCESSIBLE:
             return f"{row.role}: {row.text}"
+        if role == _TOOLTIP:
+            return message_time(row.created) or None
         name = _ROLE_FIELDS.get(role)
         return None if name is None else getattr(row, name)
 
@@ -247,6 +265,7 @@ class ChatModel(QAbstractListModel):
             variant=old.variant,
             variants=old.variants,
             checkpoint=old.checkpoint,
+            created=old.created,
         )
         self._rows[row] = new
         self._emit_changes([(row, _changed_roles(old, new))])
