@@ -109,6 +109,9 @@ class WindowTrees:
     def take_back(self, begun: Begun) -> None:
         self._on_gui(lambda: self._trees.take_back(begun))
 
+    def close(self) -> None:
+        pass  # the store is the window's
+
 
 def _shown(controller: ChatController, conversation_id: int) -> None:
     """An API write: the sidebar lists it, and the open conversation shows it."""

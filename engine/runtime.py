@@ -82,8 +82,9 @@ class Runtime:
     ) -> None:
         self.settings = settings or RuntimeSettings()
         self.notices: list[str] = []
-        workers = tuple(str(e) for e in parse_endpoints(self.settings.rpc_workers))
-        gone = unreachable(parse_endpoints(workers))
+        endpoints = parse_endpoints(self.settings.rpc_workers)
+        workers = tuple(str(e) for e in endpoints)
+        gone = unreachable(endpoints)
         if gone:  # llama.cpp would abort the process on registering one of these
             raise WorkersUnreachable(gone)
         n_gpu_layers = self.settings.n_gpu_layers

@@ -6,6 +6,7 @@ Loaded for every test module through `pytest_plugins` in conftest.py.
 from __future__ import annotations
 
 import os
+import socket
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -64,6 +65,13 @@ def destroy(*objects: QObject) -> None:
     QCoreApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)
 
 
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on (closed again at once)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def process_gone(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -87,6 +95,15 @@ def window(
     assert not win.engine.running
     assert process_gone(win.replies.engine_pid or pid) and process_gone(pid)
     assert engine_calls == [], "llama.cpp decoded in the window's process"
+    destroy(win)
+
+
+@pytest.fixture
+def smol_window(qtbot: QtBot, tmp_path: Path, smollm2_path: Path) -> Iterator[MainWindow]:
+    """The window (engine process) on the bundled SmolLM2: real states, megabytes each."""
+    win = open_window(qtbot, tmp_path, smollm2_path)
+    yield win
+    win.close()
     destroy(win)
 
 

@@ -16,15 +16,9 @@ from pytestqt.qtbot import QtBot
 
 from app.main_window import MainWindow
 from engine.tree import Role
-from tests.app_fixtures import TIMEOUT, send
+from tests.app_fixtures import TIMEOUT, free_port, send
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello API"}]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def serve(window: MainWindow, **extra: Any) -> str:

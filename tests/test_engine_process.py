@@ -9,7 +9,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 
@@ -25,7 +24,7 @@ from engine.params import Source
 from engine.protocol import Crash, CrashKind
 from engine.reply import ReplyReport
 from engine.tree import NodeStatus, Role
-from tests.app_fixtures import TIMEOUT, destroy, open_window, process_gone, send
+from tests.app_fixtures import TIMEOUT, process_gone, send
 
 ROOT = Path(__file__).resolve().parents[1]
 LONG = " ".join(f"Line {i}: the river carries silt to the delta and the sea." for i in range(120))
@@ -214,15 +213,6 @@ def _zombie(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().split()[2] == "Z"
     except OSError:
         return True
-
-
-@pytest.fixture
-def smol_window(qtbot: QtBot, tmp_path: Path, smollm2_path: Path) -> Iterator[MainWindow]:
-    """The window on the bundled SmolLM2, whose states are big enough to spill to disk."""
-    win = open_window(qtbot, tmp_path, smollm2_path)
-    yield win
-    win.close()
-    destroy(win)
 
 
 def _stats(window: MainWindow) -> dict[str, int]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -28,7 +27,7 @@ from engine.replay import replay
 from engine.rpc import build_supports_rpc, parse_endpoint, probe, worker_program
 from engine.scenario import parse_scenario
 from engine.tree import NodeStatus, Role
-from tests.app_fixtures import TIMEOUT, destroy, open_window, send
+from tests.app_fixtures import TIMEOUT, free_port, send
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS: list[dict[str, Any]] = [
@@ -43,12 +42,6 @@ STEPS: list[dict[str, Any]] = [
 pytestmark = pytest.mark.skipif(
     not build_supports_rpc(),
     reason="this llama-cpp-python build has no RPC backend (`make` builds it with RPC on)")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 class Workers:
@@ -160,14 +153,6 @@ def test_a_worker_killed_mid_reply_is_one_line_and_exit_2(
     assert running.returncode == 2, err
     lines = err.strip().splitlines()
     assert len(lines) == 1 and workers.endpoints[1] in lines[-1] and "RPC worker" in lines[-1]
-
-
-@pytest.fixture
-def smol_window(qtbot: QtBot, tmp_path: Path, smollm2_path: Path) -> Iterator[MainWindow]:
-    window = open_window(qtbot, tmp_path, smollm2_path)
-    yield window
-    window.close()
-    destroy(window)
 
 
 @pytest.fixture

@@ -87,6 +87,8 @@ class TreeSide(Protocol):
     def take_back(self, begun: Begun) -> None:
         """A request that got no reply leaves its tree as it was."""
 
+    def close(self) -> None: ...
+
 
 class EngineSide(Protocol):
     def loaded(self) -> ModelLoaded | None: ...
@@ -180,9 +182,7 @@ class ApiWorker:
                 job.deliver(ApiError(500, "an internal error stopped the reply",
                                      type="server_error"))
             self._warm()
-        close = getattr(trees, "close", None)
-        if close is not None:
-            close()
+        trees.close()
 
     def _answer(self, job: Job, trees: TreeSide) -> Outcome:
         request, engine = job.request, self.engine

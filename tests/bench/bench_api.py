@@ -193,8 +193,6 @@ def run(model: Path, turns: int, home: Path) -> dict[str, dict[str, list[tuple[i
         for served in order:
             text, ttft, tokens = ask(served, build(served.name), seed)
             warm[served.name] = settle(served)
-            if os.environ.get("BENCH_DEBUG"):
-                print(served.name, kind, tokens, f"{ttft:.3f}", repr(text[:40]), flush=True)
             results[served.name][kind].append((tokens, ttft))
             if served is servers[0]:
                 last = text
