@@ -63,6 +63,18 @@ class Streaming:
     start: ReplyStart
     started: float
     pieces: int = 0
+    answers_edit: bool = False  # the answer to an edit that waited for a reply to stop
+
+
+@dataclass(frozen=True)
+class PendingEdit:
+    """An edit the user submitted while a reply streamed, to run once nothing streams. With
+    `text` None the edit is already in the tree and only its answer is owed (the engine died
+    before the answer said a word)."""
+
+    conversation_id: int
+    node_id: int
+    text: str | None
 
 
 class Replies(QObject):
@@ -103,7 +115,7 @@ class Replies(QObject):
         self.streaming: Streaming | None = None
         self.last_result: ReplyResult | None = None  # as the engine sent it (global ids)
         self.editing: int | None = None  # the message being edited in place, if any
-        self._pending_edit: tuple[int, int, str] | None = None  # submitted during a reply
+        self._pending_edit: PendingEdit | None = None  # submitted during a reply
         self._request_ids = itertools.count(1)
         self._sink: StoreSink | None = None
         self._plan: Plan | None = None
@@ -183,7 +195,7 @@ class Replies(QObject):
 
     def defer_edit(self, conversation_id: int, node_id: int, text: str) -> None:
         """An edit submitted while a reply streams: the reply stops, then the edit runs."""
-        self._pending_edit = (conversation_id, node_id, text)
+        self._pending_edit = PendingEdit(conversation_id, node_id, text)
         self.stop()
         self.controller.notice.emit("Stopping the reply to answer your edit…", 4000)
 
@@ -237,6 +249,10 @@ class Replies(QObject):
         unanswered."""
         streaming = self.streaming
         pending, self._pending_edit = self._pending_edit, None
+        if pending is None and streaming is not None and streaming.answers_edit \
+                and streaming.pieces == 0:  # the edit ran, its answer had not begun
+            asked = streaming.start.path[-1]
+            pending = PendingEdit(streaming.conversation_id, asked.id, None)
         if streaming is not None:
             self.interrupt(streaming)
             self._end_reply(warm=False)
@@ -248,11 +264,12 @@ class Replies(QObject):
             what += (" With RPC workers this is most often a worker that stopped answering; "
                      "the reload leaves out any that does not answer and names it.")
         saved = " The reply so far is saved; Continue (Ctrl+Shift+Return) goes on with it." \
-            if streaming is not None else ""
+            if streaming is not None and streaming.pieces else ""
         if self._deaths >= MAX_RESTARTS or self._model_path is None:
             self.engine.shutdown()
             if pending is not None:
-                self._run_edit(pending, answer=False)
+                if pending.text is not None:
+                    self._run_edit(pending, answer=False)
                 saved += " Your edit is saved; Regenerate answers it once a model is loaded."
             again = (f" It stopped {self._deaths} times in a row, so Arbor leaves it off: "
                      "open a model (Ctrl+M) to try again." if self._model_path else
@@ -347,13 +364,17 @@ class Replies(QObject):
         pending, self._pending_edit = self._pending_edit, None
         return pending is not None and self._run_edit(pending)
 
-    def _run_edit(self, edit: tuple[int, int, str], *, answer: bool = True) -> bool:
-        cid, node_id, text = edit
-        tree = self.controller.tree_of(cid)
-        if tree is None or node_id not in tree:
+    def _run_edit(self, edit: PendingEdit, *, answer: bool = True) -> bool:
+        tree = self.controller.tree_of(edit.conversation_id)
+        if tree is None or edit.node_id not in tree:
             return False
-        self.controller.open_conversation(cid)
-        self.controller.edit(node_id, text, answer=answer)
+        self.controller.open_conversation(edit.conversation_id)
+        if edit.text is None:  # already edited: a reply to it
+            self.controller.regenerate(edit.node_id)
+        else:
+            self.controller.edit(edit.node_id, edit.text, answer=answer)
+        if self.streaming is not None:  # an answer owed after a death is owed only once
+            self.streaming.answers_edit = edit.text is not None
         return True
 
     def _on_usage(self, usage: StoreUsage) -> None:

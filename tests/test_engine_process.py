@@ -9,6 +9,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -83,7 +84,8 @@ def test_the_engine_killed_mid_reply_keeps_the_reply_interrupted_and_continuable
     qtbot: QtBot, window: MainWindow, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     shown = _messages(monkeypatch)
-    window.models.apply_settings(replace(window.settings, max_tokens=400))
+    # A fixed seed: the tiny random model says something under it (a fresh seed may not).
+    window.models.apply_settings(replace(window.settings, max_tokens=400, seed=7))
     _kill_when(qtbot, window, window.text_shown, "Tell me a long story.")
     reply = window.tree.messages()[-1]
     assert reply.role is Role.ASSISTANT and reply.status is NodeStatus.INTERRUPTED and reply.text
@@ -97,21 +99,30 @@ def test_the_engine_killed_mid_reply_keeps_the_reply_interrupted_and_continuable
     assert reply.text.startswith(partial) and reply.status is NodeStatus.COMPLETE
 
 
+def _edit_once_a_reply_streams(window: MainWindow, then: Callable[[], None]) -> None:
+    """Ask, then as soon as a second reply is under way (streaming, whether or not it has
+    said a word yet: a tiny random model may say nothing) edit the first question: the edit
+    waits for the reply to stop. `then` runs right after the edit is submitted."""
+    window.models.apply_settings(replace(window.settings, max_tokens=400))
+    asked = window.tree.messages()[0]
+
+    def edit() -> None:
+        if window.replies.streaming is None:
+            return
+        window.replies.streaming_changed.disconnect(edit)
+        window.controller.edit(asked.id, "First question, asked better")
+        assert window.replies.streaming is not None  # it waits on the reply
+        then()
+
+    window.replies.streaming_changed.connect(edit)
+    window.composer.setPlainText("Tell me a long story.")
+
+
 def _edit_during_a_reply_then_kill(qtbot: QtBot, window: MainWindow) -> None:
     """Ask, then while a second reply streams edit the first question (the edit waits for
     the reply to stop) and kill the engine before the reply has stopped."""
-    window.models.apply_settings(replace(window.settings, max_tokens=400))
     send(qtbot, window, "First question")
-    asked = window.tree.messages()[0]
-    engine = _engine(window)
-
-    def edit_then_kill(*_args: object) -> None:
-        window.text_shown.disconnect(edit_then_kill)
-        window.controller.edit(asked.id, "First question, asked better")  # waits on the reply
-        engine.kill()
-
-    window.text_shown.connect(edit_then_kill)
-    window.composer.setPlainText("Tell me a long story.")
+    _edit_once_a_reply_streams(window, _engine(window).kill)
     qtbot.keyClick(window.composer, Qt.Key.Key_Return)
 
 
@@ -122,15 +133,46 @@ def test_an_edit_waiting_on_a_reply_when_the_engine_dies_is_answered_after_the_r
     with qtbot.waitSignal(window.model_ready, timeout=TIMEOUT):
         _edit_during_a_reply_then_kill(qtbot, window)
     # Loaded again: the edit runs and is answered by the new engine.
-    qtbot.waitUntil(lambda: window.replies.streaming is None
-                    and window.tree.messages()[0].text == "First question, asked better",
+    qtbot.waitUntil(lambda: len(window.tree.messages()) == 2
+                    and window.tree.messages()[0].text == "First question, asked better"
+                    and window.tree.messages()[1].status is NodeStatus.COMPLETE,
                     timeout=TIMEOUT)
     path = window.tree.messages()
-    assert [n.role for n in path] == [Role.USER, Role.ASSISTANT]
-    assert path[1].status is NodeStatus.COMPLETE and path[1].text
+    assert path[0].text == "First question, asked better"
+    assert path[1].role is Role.ASSISTANT
     stored = window.store.load(window.current or 0)
     assert [n.text for n in stored.messages()] == [n.text for n in path]
     assert len(shown) == 1
+
+
+def test_an_edit_whose_answer_had_not_begun_when_the_engine_died_is_answered_after_the_reload(
+    qtbot: QtBot, window: MainWindow, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The other order: the reply stops, the waiting edit runs and its answer is sent, and
+    only then does the engine die, before the answer said a word."""
+    shown = _messages(monkeypatch)
+    send(qtbot, window, "First question")
+    asked = window.tree.messages()[0]
+    engine = _engine(window)
+
+    def kill_the_edits_answer() -> None:
+        if window.replies.streaming is not None and window.tree.messages()[0].id != asked.id:
+            window.replies.streaming_changed.disconnect(kill_the_edits_answer)
+            engine.kill()
+
+    _edit_once_a_reply_streams(
+        window, lambda: window.replies.streaming_changed.connect(kill_the_edits_answer))
+    with qtbot.waitSignal(window.model_ready, timeout=TIMEOUT):
+        qtbot.keyClick(window.composer, Qt.Key.Key_Return)
+    qtbot.waitUntil(lambda: len(window.tree.messages()) == 2
+                    and window.tree.messages()[0].text == "First question, asked better"
+                    and window.tree.messages()[1].status is NodeStatus.COMPLETE,
+                    timeout=TIMEOUT)
+    path = window.tree.messages()
+    assert path[1].role is Role.ASSISTANT
+    stored = window.store.load(window.current or 0)
+    assert [n.text for n in stored.messages()] == [n.text for n in path]
+    assert len(shown) == 1 and "saved" not in shown[0]  # nothing of the answer to keep
 
 
 def test_an_edit_waiting_when_the_engine_is_given_up_is_saved_unanswered(
