@@ -17,6 +17,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import NoReturn
 
+from engine.bench.main import add_arguments as add_bench_arguments
 from engine.checkpoints import DEFAULT_INTERVAL
 from engine.errors import ArborError, ModelLoadError, ModelNotFoundError, printable
 from engine.formats import FormatError
@@ -53,6 +54,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="arbor-engine", description=__doc__)
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
     sub = parser.add_subparsers(dest="command", required=True)
+
+    bp = sub.add_parser("bench", help="Arbor against full reprocessing and llama-cpp-python, "
+                        "every memory kind (see engine/bench)")
+    add_bench_arguments(bp)
 
     rp = sub.add_parser("replay", help="drive a scenario headless and report each step")
     rp.add_argument("scenario", type=Path)
@@ -153,6 +158,10 @@ def _workers(text: str) -> tuple[str, ...]:
 def _run(args: argparse.Namespace) -> int:
     if args.command == "replay":
         return _replay(args)
+    if args.command == "bench":
+        from engine.bench.main import main as bench  # loads llama.cpp
+
+        return bench(args)
     if args.command == "rpc-worker":
         if not 1 <= args.port <= 65535:
             raise UsageError(f"--port must be 1..65535, not {args.port}")

@@ -11,8 +11,10 @@ import ctypes
 import logging
 import os
 import threading
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
+from typing import Any, cast
 
 import llama_cpp as lc
 import numpy as np
@@ -220,6 +222,11 @@ def quantize_file(source: Path, target: Path, kind: str, *, n_threads: int = 0) 
         raise ModelLoadError(f"llama.cpp could not quantize {source.name} to {kind}")
 
 
+def default_thread_count() -> int:
+    """Threads for prompt and generation when the settings say 0."""
+    return max(1, os.cpu_count() or 1)
+
+
 class LlamaModel:
     """A loaded GGUF model (weights, vocabulary, metadata)."""
 
@@ -374,7 +381,7 @@ class LlamaContext:
         cparams.n_batch = params.n_batch
         cparams.n_ubatch = params.n_batch  # one chunk = one ubatch: aborts roll back whole chunks
         cparams.n_seq_max = 1
-        threads = params.n_threads or max(1, os.cpu_count() or 1)
+        threads = params.n_threads or default_thread_count()
         cparams.n_threads = threads
         cparams.n_threads_batch = threads
         cparams.flash_attn_type = {
@@ -525,3 +532,85 @@ class Sampler:
         if self._ptr:
             lc.llama_sampler_free(self._ptr)
             self._ptr = None
+
+
+# --- the baseline: a plain app on llama-cpp-python's high-level API -------------------------
+
+
+class PlainChat:
+    """What a plain chat app on llama-cpp-python does, for the benchmark to measure Arbor
+    against: `Llama.create_chat_completion` re-renders the messages and reuses the longest
+    common prefix of its one cache; with `ram_cache`, `LlamaRAMCache` also keeps the state
+    after each reply and loads the stored one with the longest common prefix. Greedy."""
+
+    def __init__(self, path: Path, *, n_ctx: int, n_batch: int, n_threads: int,
+                 ram_cache: bool = False, swa_full: bool = False,
+                 chat_format: str | None = None) -> None:
+        """`chat_format`: one of llama-cpp-python's named formats, for a model without a
+        template of its own (llama-cpp-python falls back to llama-2's otherwise)."""
+        self.llm = lc.Llama(str(path), n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads,
+                            n_threads_batch=n_threads, swa_full=swa_full, seed=0,
+                            chat_format=chat_format, verbose=False)
+        if ram_cache:
+            self.llm.set_cache(lc.LlamaRAMCache(capacity_bytes=4 << 30))
+        self._batches: list[int] = []  # the tokens of each eval: the prompt's tail, then ones
+        evaluate = self.llm.eval
+
+        def counting(tokens: Sequence[int]) -> None:
+            self._batches.append(len(tokens))
+            evaluate(tokens)
+
+        self.llm.eval = counting  # type: ignore[method-assign]
+
+    def close(self) -> None:
+        self.llm.close()
+
+    def ask(self, messages: list[dict[str, str]], max_tokens: int) -> tuple[str, float, int]:
+        """A reply to `messages`: its text, the time to its first token (ms) and the prompt
+        tokens decoded for it."""
+        stream: Any = self.llm.create_chat_completion(
+            messages=cast(Any, messages), temperature=0.0, max_tokens=max_tokens, stream=True,
+            seed=0)
+        return self._read(chunk["choices"][0]["delta"].get("content") or "" for chunk in stream)
+
+    def resume(self, messages: list[dict[str, str]], partial: str,
+               max_tokens: int) -> tuple[str, float, int]:
+        """More of the reply `partial` to `messages`, as such an app continues one: the chat
+        template's rendering of `messages` with the partial reply appended, completed."""
+        formats = lc.llama_chat_format
+
+        template = self.llm.metadata.get("tokenizer.chat_template")
+        if template is not None:
+
+            def text(token: int) -> str:
+                return self.llm.detokenize([token], special=True).decode("utf-8", "replace")
+
+            rendered = formats.Jinja2ChatFormatter(
+                template, eos_token=text(self.llm.token_eos()),
+                bos_token=text(self.llm.token_bos()))(messages=cast(Any, messages))
+        else:
+            name = (self.llm.chat_format or "").replace("-", "_")
+            render = getattr(formats, f"format_{name}", None)
+            if render is None:
+                raise ModelLoadError(f"no chat format {name!r} to continue a reply with")
+            rendered = render(messages=cast(Any, messages))
+        prompt = self.llm.tokenize((rendered.prompt + partial).encode(),
+                                   add_bos=not rendered.added_special, special=True)
+        stream: Any = self.llm.create_completion(prompt=prompt, temperature=0.0,
+                                            max_tokens=max_tokens, stream=True, seed=0)
+        return self._read(chunk["choices"][0]["text"] for chunk in stream)
+
+    def _read(self, pieces: Iterable[str]) -> tuple[str, float, int]:
+        """Drain a reply's stream: its text, the time to its first text (ms), and the prompt
+        tokens decoded (the first eval of a reply holds the prompt's uncached tail)."""
+        self._batches.clear()
+        started = time.perf_counter()
+        first: float | None = None
+        out: list[str] = []
+        for piece in pieces:
+            if piece and first is None:
+                first = time.perf_counter()
+            out.append(piece)
+        ended = time.perf_counter()
+        decoded = self._batches[0] if self._batches else 0
+        return "".join(out), ((first or ended) - started) * 1000.0, decoded

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
 from typing import Any
@@ -35,11 +36,13 @@ def replay(
     db: Path | None = None,
     engine_process: bool = False,
     rpc_workers: tuple[str, ...] = (),
+    on_step: Callable[[int, dict[str, Any] | None], None] | None = None,
 ) -> dict[str, Any]:
     """Run every step and return the report (a JSON-ready dict). With `db`, the
     conversation is persisted to that store as it goes, one transaction per action. With
     `engine_process`, the model runs in an engine process of its own, as in the app, and
-    every reply crosses the same protocol as the window's."""
+    every reply crosses the same protocol as the window's. `on_step` hears each step's index
+    and the checkpoint store's figures after it (None without the cache)."""
     path = resolve_model(model or scenario.model, base=scenario.base_dir)
     settings = runtime_settings or RuntimeSettings(n_ctx=scenario.n_ctx, n_batch=scenario.n_batch)
     if rpc_workers:
@@ -88,7 +91,11 @@ def replay(
             conversation_id = conversations.create(session.tree, title=title[:80],
                                                    model=model_info)
             session.sink = StoreSink(conversations, conversation_id)
-        steps = [_step_dict(run_step(session, step)) for step in scenario.steps]
+        steps = []
+        for index, step in enumerate(scenario.steps):
+            steps.append(_step_dict(run_step(session, step)))
+            if on_step is not None:
+                on_step(index, store_stats())
         if isinstance(session.sink, StoreSink):  # a fork moves on to a new conversation
             conversation_id = session.sink.conversation_id
         return {

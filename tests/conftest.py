@@ -11,7 +11,7 @@ import pytest
 from engine.model import MemoryKind, default_model_path
 from engine.runtime import Runtime, RuntimeSettings
 from tests.fixtures import real_models
-from tests.fixtures.gguf_models import ModelKind, Quant, write_tiny_model
+from engine.bench.random_models import ModelKind, Quant, write_tiny_model
 
 pytest_plugins = ["tests.app_fixtures"]
 

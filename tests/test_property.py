@@ -19,7 +19,7 @@ from engine.runtime import PrepareReport, Runtime, RuntimeSettings
 from engine.session import GenerationOptions, Session, StepReport
 from engine.tree import Role, TreeError
 from tests.conftest import ALL_KINDS, QUANTS
-from tests.fixtures.gguf_models import Quant
+from engine.bench.random_models import Quant
 
 TEXTS = ["Hello there.", "What is a tree?", "Say more.", "Why?", "List three birds.", "Ok."]
 

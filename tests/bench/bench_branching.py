@@ -26,7 +26,7 @@ from engine.model import default_model_path
 from engine.replay import CacheMode, replay
 from engine.runtime import RuntimeSettings
 from engine.scenario import parse_scenario
-from tests.fixtures.gguf_models import write_realistic_mamba
+from engine.bench.random_models import write_realistic_mamba
 
 log = logging.getLogger("bench")
 

