@@ -99,6 +99,8 @@ ACTIONS: tuple[ActionSpec, ...] = (
           ("Ctrl+Shift+F",), "fork"),
     _chat("copy", "&Copy text", "Copy this message's text to the clipboard", ("Ctrl+Shift+C",),
           "copy"),
+    _chat("copy_code", "Copy c&ode", "Copy this message's code block; again: the next one",
+          ("Ctrl+Alt+C",), "copy"),
     _chat("delete", "&Delete branch", "Delete this message and everything after it",
           ("Delete",), "delete"),
     _chat("previous_variant", "&Previous version", "Show the previous version", ("Alt+Left",),

@@ -3,7 +3,12 @@
 `ChatModel` holds immutable `MessageRow` snapshots (built with `rows_from_tree`) and never
 touches a live `Tree`, so the tree may belong to another thread. `set_rows` diffs the new
 snapshot against the old one and emits the smallest change (dataChanged / a removed tail /
-an inserted tail); `update_text` grows a streaming reply in place.
+an inserted tail); `update_text` grows a streaming reply in place. A message that stops
+streaming is reported with `finished`.
+
+For screen readers, each row's accessible text says who wrote it, which version it is ("version
+2 of 3") and what it says; its accessible description names the keys for its painted controls
+(the version switcher, the copy buttons of its code blocks).
 """
 
 from __future__ import annotations
@@ -23,8 +28,12 @@ from PySide6.QtCore import (
     QObject,
     QPersistentModelIndex,
     Qt,
+    Signal,
 )
+from PySide6.QtGui import QKeySequence
 
+from app.actions import spec
+from app.code_blocks import fences
 from engine.tree import Tree
 
 log = logging.getLogger(__name__)
@@ -128,7 +137,53 @@ _ROLE_NAMES: dict[int, bytes] = {
 
 _DISPLAY = int(Qt.ItemDataRole.DisplayRole)
 _ACCESSIBLE = int(Qt.ItemDataRole.AccessibleTextRole)
+_ACCESSIBLE_DESCRIPTION = int(Qt.ItemDataRole.AccessibleDescriptionRole)
 _TOOLTIP = int(Qt.ItemDataRole.ToolTipRole)  # the message's time, on hover
+
+# What the accessible texts depend on.
+_SPOKEN_FIELDS = ("role", "text", "status", "variant", "variants")
+
+_SPEAKERS = {USER: "You", ASSISTANT: "Assistant"}
+
+
+def _keys(action: str) -> str:
+    return " or ".join(QKeySequence(key).toString(QKeySequence.SequenceFormat.NativeText)
+                       for key in spec(action).keys)
+
+
+def accessible_text(row: MessageRow) -> str:
+    """What a screen reader says for a message: who, which version, its state, its text."""
+    parts = [_SPEAKERS.get(row.role, row.role)]
+    if row.variants > 1:
+        parts.append(f"version {row.variant + 1} of {row.variants}")
+    if row.status == STREAMING:
+        parts.append("still writing")
+    elif row.status == INTERRUPTED:
+        parts.append("interrupted")
+    return f"{', '.join(parts)}: {row.text}"
+
+
+def accessible_description(row: MessageRow) -> str:
+    """The message's painted controls and their keys: the version switcher, the code
+    blocks' copy buttons."""
+    parts: list[str] = []
+    if row.variants > 1:
+        parts.append(
+            f"Version {row.variant + 1} of {row.variants}: {_keys('previous_variant')} "
+            f"shows the previous version, {_keys('next_variant')} the next"
+        )
+    blocks = fences(row.text) if "```" in row.text or "~~~" in row.text else []
+    if blocks:
+        languages = ", ".join(sorted({b.language for b in blocks if b.language}))
+        what = "1 code block" if len(blocks) == 1 else f"{len(blocks)} code blocks"
+        if languages:
+            what += f" ({languages})"
+        if row.status != STREAMING:
+            keys = _keys("copy_code")
+            what += (f", each with a copy button: {keys} copies the code" if len(blocks) == 1
+                     else f", each with a copy button: {keys} copies them one after another")
+        parts.append(what)
+    return ". ".join(parts) + ("." if parts else "")
 
 
 def _changed_roles(old: MessageRow, new: MessageRow) -> list[int]:
@@ -136,9 +191,9 @@ def _changed_roles(old: MessageRow, new: MessageRow) -> list[int]:
         role for role, name in _ROLE_FIELDS.items() if getattr(old, name) != getattr(new, name)
     ]
     if old.text != new.text:
-        roles += [_DISPLAY, _ACCESSIBLE]
-    elif old.role != new.role:
-        roles.append(_ACCESSIBLE)
+        roles.append(_DISPLAY)
+    if any(getattr(old, name) != getattr(new, name) for name in _SPOKEN_FIELDS):
+        roles += [_ACCESSIBLE, _ACCESSIBLE_DESCRIPTION]
     return roles
 
 
@@ -146,6 +201,8 @@ class ChatModel(QAbstractListModel):
     """One row per message of the active path, fed with immutable `MessageRow` snapshots."""
 
     Roles = ChatRole
+
+    finished = Signal(int)  # node id: a message that was streaming no longer is
 
     def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)
@@ -167,7 +224,9 @@ class ChatModel(QAbstractListModel):
         if role == _DISPLAY:
             return row.text
         if role == _ACCESSIBLE:
-            return f"{row.role}: {row.text}"
+            return accessible_text(row)
+        if role == _ACCESSIBLE_DESCRIPTION:
+            return accessible_description(row)
         if role == _TOOLTIP:
             return message_time(row.created) or None
         name = _ROLE_FIELDS.get(role)
@@ -226,11 +285,16 @@ class ChatModel(QAbstractListModel):
             self.endResetModel()
             return
         changes: list[tuple[int, list[int]]] = []
+        stopped: list[int] = []
         for i in range(prefix):
             if old[i] is not new[i] and old[i] != new[i]:
                 changes.append((i, _changed_roles(old[i], new[i])))
+                if old[i].status == STREAMING and new[i].status != STREAMING:
+                    stopped.append(new[i].node_id)
                 old[i] = new[i]
         self._emit_changes(changes)
+        for node_id in stopped:
+            self.finished.emit(node_id)
         if prefix < len(old):
             self.beginRemoveRows(QModelIndex(), prefix, len(old) - 1)
             for gone in old[prefix:]:
@@ -269,6 +333,8 @@ class ChatModel(QAbstractListModel):
         )
         self._rows[row] = new
         self._emit_changes([(row, _changed_roles(old, new))])
+        if old.status == STREAMING and new.status != STREAMING:
+            self.finished.emit(node_id)
         return True
 
     def clear(self) -> None:

@@ -12,6 +12,11 @@ happens in place: the delegate creates a `MessageEditor` over the one bubble bei
 (app.chat_editing) opens and closes it. The model stays read-only; the view reports the new
 text with `edit_submitted`. How the view scrolls is its base class's, `TailFollowingView`
 (app.chat_scrolling).
+
+Code blocks have painted copy buttons (a click copies that block's exact code) and a key,
+Ctrl+Alt+C, that copies the current message's blocks one after another; `notice` carries the
+"Copied" for the status bar. For screen readers, the rows' accessible texts come from the
+model, and a reply that finishes is announced (app.accessibility).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ import logging
 from collections.abc import Sequence
 from typing import Any
 
-from PySide6.QtCore import QEvent, QModelIndex, Qt, Signal, Slot
+from PySide6.QtCore import QEvent, QModelIndex, Qt, QTimer, Signal, Slot
 from PySide6.QtGui import (
     QAction,
     QContextMenuEvent,
@@ -31,10 +36,12 @@ from PySide6.QtGui import (
 )
 from PySide6.QtWidgets import QAbstractItemView, QListView, QMenu, QWidget
 
+from app.accessibility import announce
 from app.actions import Scope, make_actions
 from app.chat_editing import ChatEditing
 from app.chat_model import (
     ASSISTANT,
+    INTERRUPTED,
     STREAMING,
     USER,
     ChatModel,
@@ -47,6 +54,9 @@ from app.message_editor import MessageEditor
 
 log = logging.getLogger(__name__)
 
+COPIED_SHOWN_MS = 1500  # how long a copy button says "Copied"
+ANNOUNCED_CHARS = 600  # how much of a finished reply is announced
+
 
 class ChatView(TailFollowingView):
     """The conversation's messages, with per-message actions reported as signals.
@@ -54,8 +64,9 @@ class ChatView(TailFollowingView):
     The view never changes a tree itself: it reports what the user asked for with the node
     id of the current message and the owner applies it and feeds new rows back. Keys (scoped
     to the view): Ctrl+E or F2 edit, Ctrl+R regenerate (assistant replies), Ctrl+Backspace
-    rewind, Ctrl+Shift+F fork, Ctrl+Shift+C copy, Delete delete, Alt+Left / Alt+Right
-    previous / next version. Use it from the GUI thread only.
+    rewind, Ctrl+Shift+F fork, Ctrl+Shift+C copy, Ctrl+Alt+C copy code (again: the next
+    block), Delete delete, Alt+Left / Alt+Right previous / next version. Use it from the GUI
+    thread only.
 
     Editing is in place (the edit action, or a double click on a user message): an editor
     opens over the bubble and stays open, focus or not, until Enter or Esc, or until its
@@ -74,6 +85,7 @@ class ChatView(TailFollowingView):
     fork_requested = Signal(int)
     copy_requested = Signal(int)
     delete_requested = Signal(int)
+    notice = Signal(str, int)  # a passing message for the status bar, and its time (ms)
 
     def __init__(self, parent: QWidget | None = None) -> None:
         super().__init__(parent)
@@ -94,6 +106,12 @@ class ChatView(TailFollowingView):
         self.verticalScrollBar().setSingleStep(24)
         self.setMouseTracking(True)
         self.setContextMenuPolicy(Qt.ContextMenuPolicy.DefaultContextMenu)
+        self.setAccessibleName("Messages")
+        self._last_code_copy: tuple[int, int] | None = None  # (node id, block index)
+        self._copied_timer = QTimer(self)
+        self._copied_timer.setSingleShot(True)
+        self._copied_timer.setInterval(COPIED_SHOWN_MS)
+        self._copied_timer.timeout.connect(self._on_copied_shown)
 
         self._edits = ChatEditing(self, self._chat_model)
         self._edits.started.connect(self.edit_started)
@@ -101,10 +119,12 @@ class ChatView(TailFollowingView):
         self._edits.cancelled.connect(self.edit_cancelled)
 
         self._delegate.variant_requested.connect(self.variant_requested)
+        self._delegate.code_copy_requested.connect(self.copy_code)
         self._actions = make_actions(Scope.CHAT, self, {
             "edit": self._on_edit, "regenerate": self._on_regenerate, "rewind": self._on_rewind,
-            "fork": self._on_fork, "copy": self._on_copy, "delete": self._on_delete,
-            "previous_variant": self._on_previous_variant, "next_variant": self._on_next_variant,
+            "fork": self._on_fork, "copy": self._on_copy, "copy_code": self._on_copy_code,
+            "delete": self._on_delete, "previous_variant": self._on_previous_variant,
+            "next_variant": self._on_next_variant,
         })
         self.addActions(list(self._actions.values()))
 
@@ -116,6 +136,7 @@ class ChatView(TailFollowingView):
         self._chat_model.rowsInserted.connect(self.update_actions)
         self._chat_model.rowsRemoved.connect(self.update_actions)
         self._chat_model.dataChanged.connect(self.update_actions)
+        self._chat_model.finished.connect(self._on_finished)
         self.update_actions()
 
     # --- parts -------------------------------------------------------------------------
@@ -160,6 +181,10 @@ class ChatView(TailFollowingView):
         return self._actions["copy"]
 
     @property
+    def copy_code_action(self) -> QAction:
+        return self._actions["copy_code"]
+
+    @property
     def delete_action(self) -> QAction:
         return self._actions["delete"]
 
@@ -198,6 +223,13 @@ class ChatView(TailFollowingView):
         self.setCurrentIndex(self._chat_model.index(row, 0))
         return True
 
+    @Slot(int)
+    def show_node(self, node_id: int) -> None:
+        """Make `node_id` current and scroll to it (after a version switch or a tree panel
+        activation: the keys act on the message the user just switched)."""
+        if self.select_node(node_id):
+            self.scroll_to_node(node_id)
+
     def model(self) -> ChatModel:
         """The view's own row model (typed: QListView.model() says only QAbstractItemModel)."""
         return self._chat_model
@@ -208,6 +240,9 @@ class ChatView(TailFollowingView):
         row = self.current_row()
         for name in ("edit", "rewind", "fork", "copy", "delete"):
             self._actions[name].setEnabled(row is not None)
+        self.copy_code_action.setEnabled(
+            row is not None and row.status != STREAMING and ("```" in row.text or "~~~" in row.text)
+        )
         self.regenerate_action.setEnabled(row is not None and row.role == ASSISTANT)
         self.previous_variant_action.setEnabled(row is not None and row.variant > 0)
         self.next_variant_action.setEnabled(row is not None and row.variant + 1 < row.variants)
@@ -251,6 +286,64 @@ class ChatView(TailFollowingView):
             return
         QGuiApplication.clipboard().setText(row.text)
         self._emit_for_current(self.copy_requested, "copy")
+
+    @Slot(int, int)
+    def copy_code(self, node_id: int, index: int) -> bool:
+        """Put the exact code of `node_id`'s code block `index` on the clipboard and say
+        "Copied"; False (nothing copied) when there is no such block."""
+        number = self._chat_model.row_of(node_id)
+        if number is None:
+            return False
+        row = self._chat_model.row_at(number)
+        codes = self._delegate.code_of(row, self.viewport().width())
+        if not 0 <= index < len(codes):
+            return False
+        QGuiApplication.clipboard().setText(codes[index])
+        self._last_code_copy = (node_id, index)
+        self._delegate.copied_button = (node_id, index)
+        self._copied_timer.start()
+        self.viewport().update(self.visualRect(self._chat_model.index(number, 0)))
+        many = len(codes) > 1
+        message = f"Copied code block {index + 1} of {len(codes)}" if many else "Copied"
+        language = self._delegate.languages_of(row, self.viewport().width())[index]
+        self.notice.emit(message, 4000)
+        announce(self, f"{message}{f' ({language})' if language else ''}")
+        log.debug("copied code block %s of node %s", index, node_id)
+        return True
+
+    @Slot()
+    def _on_copy_code(self) -> None:
+        """The current message's first code block; pressed again, the next one (round)."""
+        row = self.current_row()
+        if row is None or row.status == STREAMING:
+            return
+        count = len(self._delegate.code_of(row, self.viewport().width()))
+        if count == 0:
+            self.notice.emit("This message has no code block", 4000)
+            return
+        last = self._last_code_copy
+        index = (last[1] + 1) % count if last is not None and last[0] == row.node_id else 0
+        self.copy_code(row.node_id, index)
+
+    @Slot()
+    def _on_copied_shown(self) -> None:
+        self._delegate.copied_button = None
+        self.viewport().update()
+
+    @Slot(int)
+    def _on_finished(self, node_id: int) -> None:
+        """A reply that stops streaming is announced, with (the start of) its text."""
+        number = self._chat_model.row_of(node_id)
+        if number is None:
+            return
+        row = self._chat_model.row_at(number)
+        if row.role != ASSISTANT:
+            return
+        text = " ".join(row.text.split())
+        if len(text) > ANNOUNCED_CHARS:
+            text = text[:ANNOUNCED_CHARS - 1].rstrip() + "…"
+        what = "Reply interrupted" if row.status == INTERRUPTED else "Reply finished"
+        announce(self, f"{what}: {text}" if text else f"{what}.")
 
     @Slot()
     def _on_delete(self) -> None:
@@ -307,6 +400,8 @@ class ChatView(TailFollowingView):
         menu = QMenu(self)
         row = self.current_row()
         menu.addAction(self.copy_action)
+        if self.copy_code_action.isEnabled():
+            menu.addAction(self.copy_code_action)
         menu.addAction(self.edit_action)
         if row is not None and row.role == ASSISTANT:
             menu.addAction(self.regenerate_action)
@@ -353,24 +448,46 @@ class ChatView(TailFollowingView):
         index = self.indexAt(pos)
         row = MessageDelegate.row_from_index(index)
         if event.button() == Qt.MouseButton.LeftButton and row is not None and row.role == USER:
-            arrows = self._delegate.switcher_rects(self.visualRect(index), row)
-            if not any(rect.contains(pos) for rect in arrows):
+            rect = self.visualRect(index)
+            controls = [*self._delegate.switcher_rects(rect, row),
+                        *self._delegate.code_button_rects(rect, row)]
+            if not any(control.contains(pos) for control in controls):
                 self.start_edit(row.node_id)
                 event.accept()
                 return
         super().mouseDoubleClickEvent(event)
 
     def mouseMoveEvent(self, event: QMouseEvent) -> None:
-        """A pointing hand over an enabled switcher arrow."""
+        """A pointing hand over an enabled switcher arrow or a copy button (which lights up)."""
         pos = event.position().toPoint()
         index = self.indexAt(pos)
         row = MessageDelegate.row_from_index(index)
-        over = row is not None and self._delegate.arrow_at(self.visualRect(index), row, pos) != 0
+        rect = self.visualRect(index)
+        button = self._delegate.code_button_at(rect, row, pos) if row is not None else None
+        self._set_hovered_button(None if row is None or button is None
+                                 else (row.node_id, button))
+        over = button is not None or (
+            row is not None and self._delegate.arrow_at(rect, row, pos) != 0)
         if over:
             self.viewport().setCursor(Qt.CursorShape.PointingHandCursor)
         else:
             self.viewport().unsetCursor()
         super().mouseMoveEvent(event)
+
+    def leaveEvent(self, event: QEvent) -> None:
+        """No copy button stays lit once the pointer leaves."""
+        self._set_hovered_button(None)
+        super().leaveEvent(event)
+
+    def _set_hovered_button(self, button: tuple[int, int] | None) -> None:
+        before = self._delegate.hovered_button
+        if before == button:
+            return
+        self._delegate.hovered_button = button
+        for lit in (before, button):
+            number = None if lit is None else self._chat_model.row_of(lit[0])
+            if number is not None:
+                self.viewport().update(self.visualRect(self._chat_model.index(number, 0)))
 
     # --- scrolling (following the end: app.chat_scrolling) -----------------------------
 

@@ -1,6 +1,9 @@
 """The chat view's delegate: each message painted as a bubble with Markdown text.
 
-`MessageDelegate` paints each row as a bubble with Markdown text. Laid-out documents live in a
+`MessageDelegate` paints each row as a bubble with Markdown text: a role header with the
+`< n/m >` version switcher, and over each fenced code block a strip with its language and a copy
+button (the blocks: app.code_blocks; coloured once a message is painted finished, never while
+it streams). Laid-out documents live in a
 bounded LRU cache keyed by (node id, text hash, width), shared by `sizeHint` and `paint`; row
 heights have their own (much larger, tiny-entry) cache because `QListView` asks every row for
 its size on each relayout, which would otherwise thrash the document cache on long
@@ -33,20 +36,23 @@ from PySide6.QtGui import (
     QColor,
     QFont,
     QFontMetrics,
+    QHelpEvent,
+    QKeySequence,
     QMouseEvent,
     QPainter,
     QPalette,
     QPen,
-    QTextDocument,
 )
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QApplication,
     QStyle,
     QStyleOptionViewItem,
+    QToolTip,
     QWidget,
 )
 
+from app.actions import spec
 from app.chat_model import (
     ASSISTANT,
     COMPLETE,
@@ -58,9 +64,26 @@ from app.chat_model import (
     MessageRow,
     ModelIndex,
 )
+from app.code_blocks import (
+    TokenFormats,
+    find_code_blocks,
+    highlight,
+    label_font,
+    make_room,
+    strip_rect,
+)
 from app.editing_delegate import EditingDelegate
-from app.message_documents import colour_links, markdown_document, mix, remember
+from app.message_documents import (
+    CODE_BACKGROUND,
+    MessageDocument,
+    code_background,
+    colour_links,
+    markdown_document,
+    mix,
+    remember,
+)
 from app.message_documents import shade_code as _shade_code  # tests patch it to count layouts
+from app.theme import code_style
 
 log = logging.getLogger(__name__)
 
@@ -75,8 +98,17 @@ class _Geometry:
     right_arrow: QRect
 
 
+def _key_text(action: str) -> str:
+    """The first shortcut of a chat action, as the platform writes it (for tooltips)."""
+    keys = spec(action).keys
+    return QKeySequence(keys[0]).toString(QKeySequence.SequenceFormat.NativeText) if keys else ""
+
+
 class MessageDelegate(EditingDelegate):
     """Paints a message as a Markdown bubble with a role header and a version switcher.
+
+    Each code block gets a strip above it with its language and, once the message is
+    finished, a copy button: a click on it emits `code_copy_requested` (the view copies).
 
     It also makes the in-place `MessageEditor` for the one message being edited (see
     `EditingDelegate`): the row of that message grows to the editor's wanted height, its
@@ -84,6 +116,7 @@ class MessageDelegate(EditingDelegate):
     """
 
     variant_requested = Signal(int, int)  # node id, wanted variant index
+    code_copy_requested = Signal(int, int)  # node id, index of the code block
 
     MARGIN_H: ClassVar[int] = 12  # outside the bubble, left and right
     MARGIN_V: ClassVar[int] = 5  # outside the bubble, above and below
@@ -93,17 +126,23 @@ class MessageDelegate(EditingDelegate):
     USER_WIDTH: ClassVar[float] = 0.8  # user bubbles are at most this share of the width
     MIN_USER_WIDTH: ClassVar[int] = 260
     ROLE_LABELS: ClassVar[dict[str, str]] = {USER: "You", ASSISTANT: "Assistant"}
+    STRIP_PAD: ClassVar[int] = 5  # above and below the strip's label
+    BUTTON_PAD: ClassVar[int] = 8  # left and right of the copy button's label
+    COPY_LABELS: ClassVar[tuple[str, str]] = ("Copy", "Copied")  # before, just after a copy
 
     def __init__(self, parent: QWidget | None = None, *, cache_limit: int = 512) -> None:
         super().__init__(parent)
         self.cache_limit = cache_limit
         self.height_cache_limit = max(cache_limit, 16384)
-        self._docs: OrderedDict[tuple[int, int, int], QTextDocument] = OrderedDict()
+        self._docs: OrderedDict[tuple[int, int, int], MessageDocument] = OrderedDict()
         self._heights: OrderedDict[tuple[int, int, int], int] = OrderedDict()
         # (node id, width) -> the cache key of its latest text: a streaming reply's older
         # texts are dropped at once instead of crowding the LRU with dead documents.
         self._latest_doc: dict[tuple[int, int], tuple[int, int, int]] = {}
         self._latest_height: dict[tuple[int, int], tuple[int, int, int]] = {}
+        self._token_formats: dict[tuple[str, int], TokenFormats] = {}
+        self.hovered_button: tuple[int, int] | None = None  # (node id, code block index)
+        self.copied_button: tuple[int, int] | None = None  # shows "Copied" for a moment
 
     # --- caches ------------------------------------------------------------------------
 
@@ -129,15 +168,23 @@ class MessageDelegate(EditingDelegate):
 
     def document(
         self, row: MessageRow, text_width: int, font: QFont | None = None
-    ) -> QTextDocument:
-        """The laid-out Markdown document for `row` at `text_width` pixels, from the cache."""
+    ) -> MessageDocument:
+        """The laid-out Markdown document for `row` at `text_width` pixels, from the cache.
+
+        Its code blocks are found and given their strips here (the height does not change
+        when the message finishes); they are coloured when it is painted finished.
+        """
         key = (row.node_id, hash(row.text), text_width)
         doc = self._docs.get(key)
         if doc is not None:
             self._docs.move_to_end(key)
             return doc
-        doc = markdown_document(row.text, font if font is not None else self._font())
+        font = font if font is not None else self._font()
+        doc = markdown_document(row.text, font)
         _shade_code(doc)
+        doc.code_blocks = find_code_blocks(doc, row.text)
+        if doc.code_blocks:
+            make_room(doc, doc.code_blocks, self._strip_height(font))
         colour_links(doc, self._palette().color(QPalette.ColorRole.Link))
         doc.setTextWidth(text_width)
         remember(self._docs, self._latest_doc, key, doc, self.cache_limit)
@@ -245,6 +292,126 @@ class MessageDelegate(EditingDelegate):
             right_arrow = counter = left_arrow = QRect()
         return _Geometry(bubble, header, text_origin, left_arrow, counter, right_arrow)
 
+    # --- code blocks ---------------------------------------------------------------------
+
+    def _strip_height(self, font: QFont) -> int:
+        """The height of the strip above a code block (its language and copy button)."""
+        return QFontMetrics(label_font(font)).height() + 2 * self.STRIP_PAD
+
+    def _button_width(self, font: QFont) -> int:
+        metrics = QFontMetrics(label_font(font))
+        return max(metrics.horizontalAdvance(t) for t in self.COPY_LABELS) + 2 * self.BUTTON_PAD
+
+    def _ideal_width(self, doc: MessageDocument, row: MessageRow, font: QFont) -> int | None:
+        """How wide a user bubble's text wants to be (None for replies: they take the width);
+        a code block's strip needs room for its language and its button."""
+        if row.role != USER:
+            return None
+        ideal = math.ceil(doc.idealWidth())
+        if doc.code_blocks:
+            metrics = QFontMetrics(label_font(font))
+            language = max(metrics.horizontalAdvance(c.language) for c in doc.code_blocks)
+            ideal = max(ideal, language + self._button_width(font) + 3 * self.STRIP_PAD)
+        return ideal
+
+    def _code_widths(self, doc: MessageDocument, geometry: _Geometry) -> tuple[float, float]:
+        """How wide a code strip's background is (as wide as the code lines' background,
+        which a narrow user bubble cuts at its edge) and how far its controls reach (the
+        text's right edge)."""
+        inner = geometry.bubble.width() - self.PADDING
+        return min(doc.textWidth(), inner), min(doc.textWidth(), inner - self.PADDING)
+
+    def _button_in_strip(self, strip: QRectF, font: QFont) -> QRectF:
+        inset = 2.0
+        width = self._button_width(font)
+        return QRectF(strip.right() - width - inset, strip.top() + inset, width,
+                      strip.height() - 2 * inset)
+
+    def code_button_rects(self, option_rect: QRect, row: MessageRow) -> list[QRect]:
+        """The copy buttons of `row`'s code blocks painted in `option_rect`, in order; none
+        while it streams or is edited."""
+        if row.status == STREAMING or (self._edit is not None
+                                       and row.node_id == self._edit.node_id):
+            return []
+        font = self._font()
+        rect = QRect(option_rect)
+        doc = self.document(row, self.text_width(row.role, rect.width()), font)
+        if not doc.code_blocks:
+            return []
+        geometry = self._geometry(rect, row, font, self._ideal_width(doc, row, font))
+        _background, width = self._code_widths(doc, geometry)
+        height = self._strip_height(font)
+        origin = QPointF(geometry.text_origin)
+        return [
+            self._button_in_strip(strip_rect(doc, code, height, width), font)
+            .translated(origin).toAlignedRect()
+            for code in doc.code_blocks
+        ]
+
+    def code_button_at(self, option_rect: QRect, row: MessageRow, pos: QPoint) -> int | None:
+        """The index of the code block whose copy button is under `pos`, or None."""
+        for number, rect in enumerate(self.code_button_rects(option_rect, row)):
+            if rect.contains(pos):
+                return number
+        return None
+
+    def code_of(self, row: MessageRow, item_width: int) -> tuple[str, ...]:
+        """The exact code of each of `row`'s code blocks, in order."""
+        doc = self.document(row, self.text_width(row.role, item_width))
+        return tuple(code.code for code in doc.code_blocks)
+
+    def languages_of(self, row: MessageRow, item_width: int) -> tuple[str, ...]:
+        """The language of each of `row`'s code blocks ("" where the fence names none)."""
+        doc = self.document(row, self.text_width(row.role, item_width))
+        return tuple(code.language for code in doc.code_blocks)
+
+    def _highlight(self, doc: MessageDocument, palette: QPalette, fill: QColor) -> None:
+        """Colour `doc`'s code blocks in the palette's style, readable on `fill`."""
+        background = code_background(fill)
+        key = (code_style(palette), background.rgba())
+        formats = self._token_formats.get(key)
+        if formats is None:
+            formats = self._token_formats[key] = TokenFormats(key[0], background)
+        coloured = highlight(doc, doc.code_blocks, formats)
+        doc.highlighted = True
+        log.debug("highlighted %d of %d code blocks in %s", coloured, len(doc.code_blocks),
+                  formats.style_name)
+
+    def _paint_code_strips(
+        self,
+        painter: QPainter,
+        doc: MessageDocument,
+        row: MessageRow,
+        font: QFont,
+        widths: tuple[float, float],
+        colours: tuple[QColor, QColor, QColor],
+    ) -> None:
+        """Each code block's strip (in document coordinates): its language, and its copy
+        button once the message is finished (hovered: filled; just used: "Copied")."""
+        text, dim, fill = colours
+        small = label_font(font)
+        painter.setFont(small)
+        height = self._strip_height(font)
+        align = Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter
+        for number, code in enumerate(doc.code_blocks):
+            strip = strip_rect(doc, code, height, widths[1])
+            painter.fillRect(strip_rect(doc, code, height, widths[0]), CODE_BACKGROUND)
+            if code.language:
+                painter.setPen(dim)
+                painter.drawText(strip.adjusted(self.STRIP_PAD + 1, 0, 0, 0), align,
+                                 code.language)
+            if row.status == STREAMING:
+                continue
+            button = self._button_in_strip(strip, font)
+            hovered = self.hovered_button == (row.node_id, number)
+            copied = self.copied_button == (row.node_id, number)
+            painter.setPen(QPen(text if hovered else dim, 1.0))
+            painter.setBrush(mix(fill, text, 0.18) if hovered else Qt.BrushStyle.NoBrush)
+            painter.drawRoundedRect(button.adjusted(0.5, 0.5, -0.5, -0.5), 4.0, 4.0)
+            painter.setPen(text if hovered or copied else dim)
+            painter.drawText(button, Qt.AlignmentFlag.AlignCenter,
+                             self.COPY_LABELS[1 if copied else 0])
+
     def _text_area(self, rect: QRect, row: MessageRow, font: QFont) -> QRect:
         """Where the text of `row`'s bubble, at its full width, goes in an item at `rect`."""
         geometry = self._geometry(rect, row, font)
@@ -335,7 +502,7 @@ class MessageDelegate(EditingDelegate):
         editing = self._edit is not None and row.node_id == self._edit.node_id
         text_width = self.text_width(row.role, option.rect.width())
         doc = None if editing else self.document(row, text_width, font)
-        ideal = math.ceil(doc.idealWidth()) if doc is not None and row.role == USER else None
+        ideal = self._ideal_width(doc, row, font) if doc is not None else None
         geometry = self._geometry(option.rect, row, font, ideal)
         palette: QPalette = option.palette
         base = palette.color(QPalette.ColorRole.Base)
@@ -392,6 +559,9 @@ class MessageDelegate(EditingDelegate):
             painter.restore()
             return
 
+        if doc.code_blocks and not doc.highlighted and row.status != STREAMING:
+            self._highlight(doc, palette, fill)  # once: the message is finished
+
         # The text, in the bubble's colours.
         painter.translate(geometry.text_origin)
         context = QAbstractTextDocumentLayout.PaintContext()
@@ -409,6 +579,9 @@ class MessageDelegate(EditingDelegate):
             Qt.ClipOperation.IntersectClip,
         )
         doc.documentLayout().draw(painter, context)
+        if doc.code_blocks:
+            self._paint_code_strips(painter, doc, row, font, self._code_widths(doc, geometry),
+                                    (text, dim, fill))
         painter.restore()
 
     def _paint_switcher(
@@ -439,6 +612,30 @@ class MessageDelegate(EditingDelegate):
                 [QPointF(back, center.y() - half), tip, QPointF(back, center.y() + half)]
             )
 
+    def helpEvent(
+        self,
+        event: QHelpEvent,
+        view: QAbstractItemView,
+        option: QStyleOptionViewItem,
+        index: ModelIndex,
+    ) -> bool:
+        """Tooltips on the painted controls name them and their keys; elsewhere, the
+        message's time (the model's tooltip)."""
+        row = self._row(index)
+        if row is not None and event.type() == QEvent.Type.ToolTip:
+            pos = event.pos()
+            tip = ""
+            if self.code_button_at(option.rect, row, pos) is not None:
+                tip = f"Copy the code ({_key_text('copy_code')})"
+            elif (direction := self.arrow_at(option.rect, row, pos)) != 0:
+                name = "next_variant" if direction > 0 else "previous_variant"
+                tip = (f"{'Next' if direction > 0 else 'Previous'} version "
+                       f"({_key_text(name)})")
+            if tip:
+                QToolTip.showText(event.globalPos(), tip, view)
+                return True
+        return super().helpEvent(event, view, option, index)
+
     def editorEvent(
         self,
         event: QEvent,
@@ -446,7 +643,8 @@ class MessageDelegate(EditingDelegate):
         option: QStyleOptionViewItem,
         index: ModelIndex,
     ) -> bool:
-        """Clicks on the switcher arrows emit `variant_requested`; other events pass on."""
+        """Clicks on a copy button emit `code_copy_requested`, on the switcher arrows
+        `variant_requested`; other events pass on."""
         kind = event.type()
         if kind not in (
             QEvent.Type.MouseButtonPress,
@@ -459,7 +657,14 @@ class MessageDelegate(EditingDelegate):
         row = self._row(index)
         if row is None:
             return False
-        direction = self.arrow_at(option.rect, row, event.position().toPoint())
+        pos = event.position().toPoint()
+        button = self.code_button_at(option.rect, row, pos)
+        if button is not None:
+            if kind == QEvent.Type.MouseButtonRelease:
+                log.debug("copy code block %s of node %s", button, row.node_id)
+                self.code_copy_requested.emit(row.node_id, button)
+            return True
+        direction = self.arrow_at(option.rect, row, pos)
         if direction == 0:
             return super().editorEvent(event, model, option, index)
         if kind == QEvent.Type.MouseButtonRelease:

@@ -1,9 +1,11 @@
 """The message bubbles' Markdown documents and colours: building, shading, caching.
 
 `MessageDelegate` (app.message_delegate) lays out each message's Markdown in a
-`QTextDocument`: `markdown_document` builds one, `shade_code` and `colour_links` finish it (a
+`MessageDocument`: `markdown_document` builds one, `shade_code` and `colour_links` finish it (a
 faint background for code, links in the palette's colour) and `remember` keeps the
-delegate's LRU caches keyed (node id, text hash, width). `mix` blends the bubbles' colours.
+delegate's LRU caches keyed (node id, text hash, width). `mix` blends the bubbles' colours and
+`code_background` is what a code block's background looks like on a bubble. The code blocks
+themselves (where they are, their exact code, their colours) are app.code_blocks'.
 """
 
 from __future__ import annotations
@@ -23,6 +25,8 @@ from PySide6.QtGui import (
     QTextOption,
 )
 
+from app.code_blocks import CodeBlock
+
 
 def mix(a: QColor, b: QColor, amount: float) -> QColor:
     """`a` moved `amount` (0..1) of the way towards `b`; works the same on light and dark."""
@@ -39,9 +43,27 @@ def mix(a: QColor, b: QColor, amount: float) -> QColor:
 CODE_BACKGROUND = QColor(128, 128, 128, 48)
 
 
-def markdown_document(text: str, font: QFont) -> QTextDocument:
+def code_background(fill: QColor) -> QColor:
+    """The opaque colour of a code block's background on a bubble filled with `fill`."""
+    return mix(fill, CODE_BACKGROUND, CODE_BACKGROUND.alphaF())
+
+
+class MessageDocument(QTextDocument):
+    """A message's laid-out Markdown, with its code blocks (app.code_blocks).
+
+    `highlighted` is set once its code has been coloured: that happens when the message is
+    first painted finished, never while it streams.
+    """
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.code_blocks: tuple[CodeBlock, ...] = ()
+        self.highlighted = False
+
+
+def markdown_document(text: str, font: QFont) -> MessageDocument:
     """`text` as Markdown in a new document in `font`: no margin, no undo, wrapping anywhere."""
-    doc = QTextDocument()
+    doc = MessageDocument()
     doc.setUndoRedoEnabled(False)
     doc.setDocumentMargin(0)
     doc.setDefaultFont(font)

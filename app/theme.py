@@ -29,6 +29,12 @@ STYLE = "Fusion"
 MIN_TEXT_CONTRAST = 4.5
 
 
+# Pygments styles for code blocks: familiar colour schemes, each colour moved in lightness
+# where needed to be readable on the bubbles (app.code_blocks.readable).
+LIGHT_CODE_STYLE = "default"
+DARK_CODE_STYLE = "github-dark"
+
+
 # The choice is a setting (engine.settings.Theme: system, light, dark), saved with the others.
 ThemeChoice = Theme
 
@@ -212,6 +218,11 @@ def _set_accent(palette: QPalette) -> None:
 def is_dark(palette: QPalette) -> bool:
     """Whether `palette` is a dark one, judged by its Window colour's lightness."""
     return palette.color(QPalette.ColorRole.Window).lightnessF() < 0.5
+
+
+def code_style(palette: QPalette) -> str:
+    """The Pygments style for code blocks shown in `palette`."""
+    return DARK_CODE_STYLE if is_dark(palette) else LIGHT_CODE_STYLE
 
 
 def relative_luminance(colour: QColor) -> float:

@@ -8,7 +8,7 @@ from __future__ import annotations
 import os
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +22,7 @@ from app.engine_thread import ThreadEngine
 from app.main_window import MainWindow
 from engine.settings import Settings
 from engine.store import Store
+from engine.tree import Tree
 
 # A hang guard, not a speed claim: a random-weight model answers up to its token limit and a
 # shared machine may be slow; every wait ends as soon as its signal comes.
@@ -124,6 +125,31 @@ def thread_window(
     assert all(ident != main for ident in engine_calls), "llama.cpp called from the GUI thread"
     assert set(engine_calls) == {engine.engine_thread_ident}
     destroy(win)
+
+
+@pytest.fixture
+def offline_window(qtbot: QtBot, tmp_path: Path) -> Iterator[Callable[[Tree], MainWindow]]:
+    """Opens the window on a store holding `tree` (its newest conversation), with no model:
+    for what the window does without the engine (showing, switching, copying)."""
+    opened: list[MainWindow] = []
+
+    def open_on(tree: Tree) -> MainWindow:
+        store = Store(tmp_path / f"offline-{len(opened)}.db")
+        store.create(tree, title="Offline")
+        win = MainWindow(store=store, settings=TEST_SETTINGS)
+        qtbot.addWidget(win)
+        win.resize(1100, 760)
+        win.show()
+        qtbot.waitExposed(win)
+        opened.append(win)
+        return win
+
+    yield open_on
+    for win in opened:
+        win.close()
+        assert not win.engine.running
+        win.store.close()
+    destroy(*opened)
 
 
 def send(qtbot: QtBot, win: MainWindow, text: str) -> None:

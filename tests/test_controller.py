@@ -109,8 +109,8 @@ def test_every_action_is_in_one_table_with_unique_names_and_keys() -> None:
     keys = [key for item in ACTIONS for key in item.keys]
     assert len(keys) == len(set(keys)), "a key bound to two actions"
     assert {item.name for item in specs(Scope.CHAT)} == {
-        "edit", "regenerate", "rewind", "fork", "copy", "delete", "previous_variant",
-        "next_variant"}
+        "edit", "regenerate", "rewind", "fork", "copy", "copy_code", "delete",
+        "previous_variant", "next_variant"}
     assert all(item.menu is Menu.MESSAGE for item in specs(Scope.CHAT))
     assert all(name is None or spec(name).toolbar for name in TOOLBAR)
     rows = dict(shortcut_rows())
