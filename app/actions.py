@@ -113,6 +113,8 @@ ACTIONS: tuple[ActionSpec, ...] = (
                separator=True),
     ActionSpec("composer", "Write a message", ("Ctrl+L",), None, Menu.VIEW),
     ActionSpec("messages", "Go to the messages", ("Ctrl+J",), None, Menu.VIEW),
+    ActionSpec("tree_nodes", "Go to the conversation tree", ("Ctrl+Shift+T",), None,
+               Menu.VIEW, "Arrow keys move between messages, Enter shows that branch"),
     ActionSpec("next_conversation", "Next conversation", ("Ctrl+PgDown",), None, Menu.VIEW),
     ActionSpec("previous_conversation", "Previous conversation", ("Ctrl+PgUp",), None,
                Menu.VIEW),

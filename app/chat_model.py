@@ -13,6 +13,7 @@ For screen readers, each row's accessible text says who wrote it, which version 
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -30,7 +31,7 @@ from PySide6.QtCore import (
     Qt,
     Signal,
 )
-from PySide6.QtGui import QKeySequence
+from PySide6.QtGui import QKeySequence, QTextDocument
 
 from app.actions import spec
 from app.code_blocks import fences
@@ -151,6 +152,14 @@ def _keys(action: str) -> str:
                        for key in spec(action).keys)
 
 
+@functools.lru_cache(maxsize=64)
+def spoken_text(markdown: str) -> str:
+    """A message as a screen reader should say it: the text of its Markdown, no marks."""
+    doc = QTextDocument()
+    doc.setMarkdown(markdown)
+    return doc.toPlainText()
+
+
 def accessible_text(row: MessageRow) -> str:
     """What a screen reader says for a message: who, which version, its state, its text."""
     parts = [_SPEAKERS.get(row.role, row.role)]
@@ -160,7 +169,7 @@ def accessible_text(row: MessageRow) -> str:
         parts.append("still writing")
     elif row.status == INTERRUPTED:
         parts.append("interrupted")
-    return f"{', '.join(parts)}: {row.text}"
+    return f"{', '.join(parts)}: {spoken_text(row.text)}"
 
 
 def accessible_description(row: MessageRow) -> str:

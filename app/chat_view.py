@@ -47,6 +47,7 @@ from app.chat_model import (
     ChatModel,
     MessageRow,
     ModelIndex,
+    spoken_text,
 )
 from app.chat_scrolling import TailFollowingView
 from app.message_delegate import MessageDelegate
@@ -339,7 +340,7 @@ class ChatView(TailFollowingView):
         row = self._chat_model.row_at(number)
         if row.role != ASSISTANT:
             return
-        text = " ".join(row.text.split())
+        text = " ".join(spoken_text(row.text).split())
         if len(text) > ANNOUNCED_CHARS:
             text = text[:ANNOUNCED_CHARS - 1].rstrip() + "…"
         what = "Reply interrupted" if row.status == INTERRUPTED else "Reply finished"

@@ -168,7 +168,7 @@ class MainWindow(QMainWindow):
             "delete_conversation": self._delete_current,
             "tree": lambda: self.tree_dock.setVisible(self.actions_by_name["tree"].isChecked()),
             "search": self._focus_search, "composer": self.composer.setFocus,
-            "messages": self.chat.setFocus,
+            "messages": self.chat.setFocus, "tree_nodes": self._focus_tree,
             "next_conversation": lambda: c.step_conversation(1),
             "previous_conversation": lambda: c.step_conversation(-1),
             "shortcuts": self._show_shortcuts,
@@ -340,6 +340,10 @@ class MainWindow(QMainWindow):
             "(empty: the model's own default):", self.tree.root.text)
         if ok:
             self.controller.set_system_prompt(text.strip())
+
+    def _focus_tree(self) -> None:
+        self.tree_dock.setVisible(True)
+        self.tree_panel.setFocus()
 
     def _focus_search(self) -> None:
         self.sidebar.search.setFocus()

@@ -6,6 +6,11 @@ Highlight colour, and nodes that hold a KV-cache checkpoint carry a small square
 in RAM, outlined: on disk). Clicking a node emits `node_clicked`; a left-drag on empty space
 pans, Ctrl+wheel zooms.
 
+The keyboard reaches every node (app.tree_navigation): the arrows move a focus ring (Up: the
+parent, Down: a child, Left/Right: the other versions), Home and End go to the root and the
+active branch's end, and Enter or Space activates the node as a click does. A screen reader
+hears each node it lands on (the panel's accessible description, and an announcement).
+
 The panel only draws what it is given (`PanelNode` values); `panel_nodes_from_tree` builds
 those from an `engine.tree.Tree` and `layout_tree` places them (both Qt-free, in
 app.tree_layout; the first two are re-exported here). Every `set_tree` call replaces the
@@ -23,10 +28,12 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from PySide6.QtCore import QEvent, QPoint, QRectF, Qt, Signal
+from PySide6.QtCore import QEvent, QPoint, QRect, QRectF, Qt, Signal
 from PySide6.QtGui import (
     QBrush,
     QColor,
+    QFocusEvent,
+    QKeyEvent,
     QMouseEvent,
     QPainter,
     QPalette,
@@ -43,6 +50,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.accessibility import announce
 from app.tree_layout import (
     NODE_RADIUS,
     PanelNode,
@@ -51,6 +59,7 @@ from app.tree_layout import (
     preview,
     validate_nodes,
 )
+from app.tree_navigation import Step, TreeNavigation
 from engine.tree import Role
 
 log = logging.getLogger(__name__)
@@ -85,6 +94,22 @@ Z_EDGE = 0.0
 Z_ACTIVE_EDGE = 1.0
 Z_NODE = 2.0
 Z_ACTIVE_NODE = 3.0
+
+FOCUS_RING_GAP = 4.0  # between a node's circle and the keyboard's focus ring
+
+ACCESSIBLE_NAME = "Conversation tree"
+KEYS_HINT = ("Arrow keys move between messages (left and right: other versions), "
+             "Enter shows that branch")
+
+_STEPS = {
+    Qt.Key.Key_Up: Step.PARENT,
+    Qt.Key.Key_Down: Step.CHILD,
+    Qt.Key.Key_Left: Step.PREVIOUS_SIBLING,
+    Qt.Key.Key_Right: Step.NEXT_SIBLING,
+    Qt.Key.Key_Home: Step.ROOT,
+    Qt.Key.Key_End: Step.ACTIVE_LEAF,
+}
+_ACTIVATE = (Qt.Key.Key_Return, Qt.Key.Key_Enter, Qt.Key.Key_Space)
 
 
 class NodeItem(QGraphicsEllipseItem):
@@ -199,6 +224,7 @@ class _Style:
     active_edge: QPen
     badge_pen: QPen
     badge_fill: dict[str, QBrush]
+    focus_ring: QPen
 
     @classmethod
     def from_palette(cls, palette: QPalette) -> _Style:
@@ -220,6 +246,7 @@ class _Style:
             active_edge=QPen(accent, 3.0),
             badge_pen=QPen(text, 1.2),
             badge_fill={"ram": QBrush(text), "disk": QBrush(base)},
+            focus_ring=QPen(text, 1.5, Qt.PenStyle.DashLine),
         )
 
     def apply_node(self, item: NodeItem) -> None:
@@ -248,7 +275,8 @@ class PanelUpdate:
 
 
 class TreePanel(QGraphicsView):
-    """The conversation as a graph. Feed it with `set_tree`; listen to `node_clicked`."""
+    """The conversation as a graph. Feed it with `set_tree`; listen to `node_clicked` (a
+    click, or Enter on the keyboard's current node)."""
 
     node_clicked = Signal(int)
 
@@ -272,6 +300,13 @@ class TreePanel(QGraphicsView):
         self._nodes: dict[int, NodeItem] = {}
         self.last_update = PanelUpdate(0, 0, 0)
         self._edges: dict[int, EdgeItem] = {}
+        # The keyboard's place: the drawn nodes and active path (indexed on first use).
+        self._drawn: tuple[Sequence[PanelNode], Sequence[int]] = ((), ())
+        self._navigation: TreeNavigation | None = None
+        self._current: int | None = None
+        self.setFocusPolicy(Qt.FocusPolicy.StrongFocus)
+        self.setAccessibleName(ACCESSIBLE_NAME)
+        self.setToolTip(KEYS_HINT)
 
     # --- content -----------------------------------------------------------------------
 
@@ -320,6 +355,15 @@ class TreePanel(QGraphicsView):
             else:
                 edge.sync(node.parent, parent_centre, centre, highlighted, style)
             edges_out[node.id] = edge
+        self._drawn = (list(nodes), list(active_path))
+        self._navigation = None
+        if self._current is not None and self._current not in nodes_out:
+            self._current = None  # gone: the keyboard starts again at the branch's end
+        if self._current is None and nodes_out and self.hasFocus():
+            self._current = self.navigation().start()
+            self.viewport().update()
+        self.setAccessibleDescription(
+            "" if self._current is None else self.navigation().describe(self._current))
         stale: list[QGraphicsItem] = [*old_nodes.values(), *old_edges.values()]
         if stale and not nodes_out:
             scene.clear()
@@ -367,6 +411,86 @@ class TreePanel(QGraphicsView):
                 return owner.node_id
         return None
 
+    # --- the keyboard ------------------------------------------------------------------
+
+    def navigation(self) -> TreeNavigation:
+        """The drawn nodes indexed for stepping (built on first use after a `set_tree`)."""
+        if self._navigation is None:
+            self._navigation = TreeNavigation(*self._drawn)
+        return self._navigation
+
+    @property
+    def current_node(self) -> int | None:
+        """The node the keyboard is on (Enter activates it), or None."""
+        return self._current
+
+    def set_current_node(self, node_id: int | None, *, keyboard: bool = False) -> None:
+        """Put the keyboard's focus ring on `node_id` (None: nowhere); `keyboard`: the user
+        moved there with a key, so scroll to it and announce it to a screen reader."""
+        if node_id is not None and node_id not in self._nodes:
+            log.debug("tree panel: no node %d to make current", node_id)
+            return
+        self._current = node_id
+        self.viewport().update()
+        if node_id is None:
+            self.setAccessibleDescription("")
+            return
+        spoken = self.navigation().describe(node_id)
+        self.setAccessibleDescription(spoken)
+        if keyboard:
+            self.ensureVisible(self._nodes[node_id], 24, 24)
+            announce(self, spoken)
+
+    def keyPressEvent(self, event: QKeyEvent) -> None:
+        """Arrows, Home and End move between nodes; Enter or Space activates the node."""
+        key = event.key()
+        modifiers = event.modifiers() & ~Qt.KeyboardModifier.KeypadModifier
+        if (key in _STEPS or key in _ACTIVATE) and modifiers == Qt.KeyboardModifier.NoModifier:
+            if not self._nodes:
+                event.ignore()
+                return
+            current = self._current
+            if current is None:
+                current = self.navigation().start()
+            if current is None:
+                return
+            if key in _ACTIVATE:
+                self.set_current_node(current)
+                log.debug("tree panel: node %d activated from the keyboard", current)
+                self.node_clicked.emit(current)
+            else:
+                self.set_current_node(self.navigation().step(current, _STEPS[Qt.Key(key)]),
+                                      keyboard=True)
+            event.accept()
+            return
+        super().keyPressEvent(event)
+
+    def focusInEvent(self, event: QFocusEvent) -> None:
+        """The keyboard lands on the active branch's end (or where it was)."""
+        super().focusInEvent(event)
+        if self._current is None and self._nodes:
+            self.set_current_node(self.navigation().start(), keyboard=True)
+        else:
+            self.viewport().update()
+
+    def focusOutEvent(self, event: QFocusEvent) -> None:
+        """The focus ring shows only while the panel has the keyboard."""
+        super().focusOutEvent(event)
+        self.viewport().update()
+
+    def drawForeground(self, painter: QPainter, rect: QRectF | QRect) -> None:
+        """The focus ring around the keyboard's node, while the panel has the focus."""
+        super().drawForeground(painter, rect)
+        item = self._nodes.get(self._current) if self._current is not None else None
+        if item is None or not self.hasFocus():
+            return
+        radius = NODE_RADIUS + FOCUS_RING_GAP
+        painter.save()
+        painter.setPen(self._style.focus_ring)
+        painter.setBrush(Qt.BrushStyle.NoBrush)
+        painter.drawEllipse(item.pos(), radius, radius)
+        painter.restore()
+
     # --- zoom --------------------------------------------------------------------------
 
     def zoom(self) -> float:
@@ -398,6 +522,7 @@ class TreePanel(QGraphicsView):
             node_id = self.node_at(event.position().toPoint())
             if node_id is not None:
                 event.accept()
+                self.set_current_node(node_id)
                 self.node_clicked.emit(node_id)
                 return
         super().mousePressEvent(event)
