@@ -625,12 +625,13 @@ class MessageDelegate(EditingDelegate):
         if row is not None and event.type() == QEvent.Type.ToolTip:
             pos = event.pos()
             tip = ""
+            previous, following = self.switcher_rects(option.rect, row)
             if self.code_button_at(option.rect, row, pos) is not None:
                 tip = f"Copy the code ({_key_text('copy_code')})"
-            elif (direction := self.arrow_at(option.rect, row, pos)) != 0:
-                name = "next_variant" if direction > 0 else "previous_variant"
-                tip = (f"{'Next' if direction > 0 else 'Previous'} version "
-                       f"({_key_text(name)})")
+            elif previous.contains(pos):  # enabled or not: the tip says what it is for
+                tip = f"Previous version ({_key_text('previous_variant')})"
+            elif following.contains(pos):
+                tip = f"Next version ({_key_text('next_variant')})"
             if tip:
                 QToolTip.showText(event.globalPos(), tip, view)
                 return True

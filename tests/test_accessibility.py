@@ -7,13 +7,15 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import pytest
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QEvent, Qt
 from PySide6.QtGui import (
     QAccessible,
     QAccessibleAnnouncementEvent,
     QAccessibleEvent,
+    QHelpEvent,
     QKeySequence,
 )
+from PySide6.QtWidgets import QApplication, QToolTip
 from pytestqt.qtbot import QtBot
 
 from app import accessibility
@@ -156,6 +158,25 @@ def test_the_window_announces_a_real_reply(
     assert reply.role == "assistant" and reply.status != "streaming"
     finished = [text for sender, text in announcements if sender is window.chat]
     assert len(finished) == 1 and finished[0].startswith("Reply finished")
+
+
+@pytest.mark.qt_log_ignore("This plugin does not support raise")
+def test_the_painted_controls_name_themselves_and_their_keys_on_hover(view: ChatView) -> None:
+    view.set_rows([MessageRow(1, "assistant", "Run:\n\n```sh\nls\n```", "complete", 1, 2)])
+    view.viewport().grab()
+    index = view.model().index(0, 0)
+    rect, shown = view.visualRect(index), view.model().row_at(0)
+    previous, following = view.delegate.switcher_rects(rect, shown)
+    tips = {}
+    for name, pos in (("copy", view.delegate.code_button_rects(rect, shown)[0].center()),
+                      ("previous", previous.center()), ("next", following.center())):
+        event = QHelpEvent(QEvent.Type.ToolTip, pos, view.viewport().mapToGlobal(pos))
+        QApplication.sendEvent(view.viewport(), event)
+        tips[name] = QToolTip.text()
+    assert tips == {"copy": "Copy the code (Ctrl+Alt+C)",
+                    "previous": "Previous version (Alt+Left)",
+                    "next": "Next version (Alt+Right)"}
+    QToolTip.hideText()
 
 
 # --- the chat by keyboard ---------------------------------------------------------------

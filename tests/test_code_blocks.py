@@ -225,6 +225,16 @@ def test_an_unknown_or_missing_language_stays_plain(view: ChatView) -> None:
         assert format_of(doc, needle).foreground().style() == Qt.BrushStyle.NoBrush
 
 
+def test_a_huge_block_is_shown_plain_but_copied_whole(view: ChatView) -> None:
+    code = "\n".join(f"value_{i} = {i}  # line {i}" for i in range(1500))
+    assert len(code) > code_blocks.MAX_HIGHLIGHT_CHARS
+    view.set_rows([row(1, f"```python\n{code}\n```")])
+    doc = painted_document(view, 1)
+    assert doc.highlighted  # looked at once, and left plain
+    assert format_of(doc, "# line 7").foreground().style() == Qt.BrushStyle.NoBrush
+    assert view.delegate.code_of(view.model().row_at(0), view.viewport().width()) == (code,)
+
+
 # --- the copy buttons -------------------------------------------------------------------
 
 
