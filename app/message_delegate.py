@@ -3,13 +3,12 @@
 `MessageDelegate` paints each row as a bubble with Markdown text: a role header with the
 `< n/m >` version switcher, and over each fenced code block a strip with its language and a copy
 button (the blocks: app.code_blocks; coloured once a message is painted finished, never while
-it streams). Laid-out documents live in a
-bounded LRU cache keyed by (node id, text hash, width), shared by `sizeHint` and `paint`; row
-heights have their own (much larger, tiny-entry) cache because `QListView` asks every row for
-its size on each relayout, which would otherwise thrash the document cache on long
-conversations. The documents are finished and cached with the helpers of
-app.message_documents; the in-place `MessageEditor` for the one message being edited is hosted
-by the base class, `EditingDelegate` (app.editing_delegate).
+it streams). Laid-out documents live in a bounded LRU cache keyed by (node id, text hash,
+width), shared by `sizeHint` and `paint`; row heights have their own (much larger,
+tiny-entry) cache because `QListView` asks every row for its size on each relayout, which would
+otherwise thrash the document cache on long conversations. The documents are finished and
+cached with the helpers of app.message_documents; the in-place `MessageEditor` for the one
+message being edited is hosted by the base class, `EditingDelegate` (app.editing_delegate).
 """
 
 from __future__ import annotations
