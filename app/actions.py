@@ -82,6 +82,8 @@ ACTIONS: tuple[ActionSpec, ...] = (
     ActionSpec("regenerate_last", "Regenerate the last reply", ("Ctrl+Shift+R",),
                "regenerate", Menu.EDIT, when=When.IDLE),
     ActionSpec("system", "System prompt…", ("Ctrl+Shift+P",), None, Menu.EDIT),
+    ActionSpec("conversation_settings", "Conversation settings…", ("Ctrl+Shift+,",), None,
+               Menu.EDIT, "This conversation's own sampling, reply length and model"),
     ActionSpec("rename", "Rename conversation…", ("Ctrl+Shift+N",), None, Menu.EDIT,
                separator=True),
     ActionSpec("delete_conversation", "Delete conversation", ("Ctrl+Shift+Delete",), None,

@@ -20,6 +20,7 @@ from app.engine_client import EngineClient
 from app.replies import Replies, global_id
 from engine.conversation import Change, Conversation
 from engine.errors import ArborError
+from engine.overrides import Overrides
 from engine.protocol import ForgetRequest
 from engine.settings import Settings
 from engine.store import ConversationInfo, SearchHit, Store
@@ -36,6 +37,8 @@ class ChatController(QObject):
     focus_node = Signal(int)  # the views should show this node of the current conversation
     notice = Signal(str, int)  # a passing status message and how long to show it (ms)
     error = Signal(str)  # something failed: one message for the user
+    # The current conversation was set to a model other than the one loaded: its path.
+    model_wanted = Signal(str)
 
     def __init__(self, store: Store, settings: Settings, engine: EngineClient,
                  parent: QObject | None = None) -> None:
@@ -95,6 +98,32 @@ class ChatController(QObject):
         self.current = conversation_id
         self.listed.emit()
         self.changed.emit()
+        wanted = self.overrides(conversation_id).model
+        if wanted is not None and wanted != self.replies.model_path:
+            self.model_wanted.emit(wanted)
+        return True
+
+    def overrides(self, conversation_id: int | None = None) -> Overrides:
+        """A conversation's own settings over the defaults (the current one's by default)."""
+        cid = self.current if conversation_id is None else conversation_id
+        if cid is None or cid < 0:
+            return Overrides()
+        try:
+            return Overrides.read(self.store.settings(cid))
+        except ArborError:  # gone, or unreadable: the defaults serve
+            return Overrides()
+
+    def set_overrides(self, overrides: Overrides) -> bool:
+        """Give the current conversation its own settings (saved with it)."""
+        cid = self.current
+        if cid is None:
+            return False
+        if not self.attempt(lambda: self.store.set_settings(
+                cid, overrides.write(self.store.settings(cid)))):
+            return False
+        described = overrides.describe()
+        self.notice.emit(f"This conversation uses {described}." if described
+                         else "This conversation uses the default settings.", 6000)
         return True
 
     def open_first(self) -> None:

@@ -13,10 +13,12 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from pathlib import Path
 
 from PySide6.QtCore import QByteArray, QSettings, Qt, QUrl, Signal, Slot
 from PySide6.QtGui import QCloseEvent, QDesktopServices
 from PySide6.QtWidgets import (
+    QDialog,
     QDockWidget,
     QHBoxLayout,
     QInputDialog,
@@ -46,6 +48,7 @@ from app.chat_view import ChatView
 from app.composer import Composer
 from app.context_gauge import ContextGauge
 from app.controller import ChatController
+from app.conversation_settings import ConversationSettingsDialog
 from app.engine_client import EngineClient, ProcessEngine
 from app.files import FileActions
 from app.icons import icon
@@ -90,6 +93,7 @@ class MainWindow(QMainWindow):
         self.engine = engine if engine is not None else ProcessEngine()
         self.engine.setParent(self)
         self.controller = ChatController(self.store, settings, self.engine, self)
+        self._models_declined: set[tuple[int, str]] = set()  # (conversation, model) said no
         self.replies = self.controller.replies
 
         self.sidebar = Sidebar()
@@ -164,6 +168,7 @@ class MainWindow(QMainWindow):
             "settings": models.edit_settings, "quit": self.close, "undo": c.undo,
             "stop": self.replies.stop, "continue": c.continue_reply,
             "regenerate_last": c.regenerate, "system": self._system_prompt_dialog,
+            "conversation_settings": self._conversation_settings_dialog,
             "rename": lambda: self._rename(c.current),
             "delete_conversation": self._delete_current,
             "tree": lambda: self.tree_dock.setVisible(self.actions_by_name["tree"].isChecked()),
@@ -229,6 +234,7 @@ class MainWindow(QMainWindow):
         self.chat.notice.connect(self.status.message)
         c.notice.connect(self.status.message)
         c.error.connect(self._show_error)
+        c.model_wanted.connect(self._offer_model)
         r.model_ready.connect(self.model_ready)
         r.model_failed.connect(self._on_model_failed)
         r.streaming_changed.connect(self._on_streaming_changed)
@@ -340,6 +346,40 @@ class MainWindow(QMainWindow):
             "(empty: the model's own default):", self.tree.root.text)
         if ok:
             self.controller.set_system_prompt(text.strip())
+
+    def _conversation_settings_dialog(self) -> None:
+        if self.controller.current is None:
+            return
+        dialog = ConversationSettingsDialog(self.controller.overrides(), self.settings,
+                                            self.replies.model_path, self)
+        if dialog.exec() == QDialog.DialogCode.Accepted:
+            chosen = dialog.chosen()
+            if self.controller.set_overrides(chosen) and chosen.model is not None \
+                    and chosen.model != self.replies.model_path:
+                self._offer_model(chosen.model)
+
+    @Slot(str)
+    def _offer_model(self, path: str) -> None:
+        """The conversation was set to another model than the loaded one: offer to load it
+        (once per conversation and session, if the user says no)."""
+        cid = self.controller.current
+        if cid is None or (cid, path) in self._models_declined:
+            return
+        name = Path(path).name
+        if not Path(path).is_file():
+            self.statusBar().showMessage(
+                f"This conversation was set to {name}, which is not there any more; the "
+                "loaded model answers.", 8000)
+            return
+        answer = QMessageBox.question(
+            self, "Load this conversation's model?",
+            f"This conversation uses {name}. Load it now? Loading takes a few seconds; the "
+            "other conversations then answer with it too until another model is loaded, and "
+            "each model's checkpoints are kept apart (none is lost).")
+        if answer == QMessageBox.StandardButton.Yes:
+            self.models.load_model(path)
+        else:
+            self._models_declined.add((cid, path))
 
     def _focus_tree(self) -> None:
         self.tree_dock.setVisible(True)

@@ -140,6 +140,11 @@ class Replies(QObject):
         self.engine.send(LoadRequest(path=path, settings=self.controller.settings,
                                       without_unreachable_workers=True))
 
+    @property
+    def model_path(self) -> str | None:
+        """The model loaded (or being loaded) last."""
+        return self._model_path
+
     def refuse(self) -> bool:
         """True (and the user is told why) when a reply cannot start now."""
         if self.streaming is not None:
@@ -170,6 +175,8 @@ class Replies(QObject):
                 tree.set_active(leaf)
             controller.changed.emit()
             return
+        overrides = controller.overrides(conversation_id)
+        settings = overrides.apply(controller.settings)  # the conversation's own, over defaults
         request_id = next(self._request_ids)
         self.streaming = Streaming(request_id, conversation_id, start, time.monotonic())
         self._sink = StoreSink(controller.store, conversation_id)
@@ -182,8 +189,9 @@ class Replies(QObject):
             reply_id=start.reply.id,
             path=tuple(_view(conversation_id, node) for node in start.path),
             resume=_view(conversation_id, start.resume) if start.resume is not None else None,
-            max_tokens=controller.settings.max_tokens,
-            seed=conversation.reply_seed(controller.settings.seed),
+            max_tokens=settings.max_tokens,
+            seed=conversation.reply_seed(settings.seed),
+            sampling=None if overrides.is_default else settings.sampling(),
         ))
         self.prepare_started = time.monotonic()
         self.streaming_changed.emit()

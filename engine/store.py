@@ -421,6 +421,24 @@ class Store:
             (key,)).fetchone()
         return int(row[0]) if row is not None else None
 
+    def settings(self, conversation_id: int) -> dict[str, Any]:
+        """The conversation's own settings (a JSON object; see engine.overrides)."""
+        row = self._db.execute("SELECT settings FROM conversations WHERE id = ?",
+                               (conversation_id,)).fetchone()
+        if row is None:
+            raise StoreError(f"conversation {conversation_id} does not exist")
+        try:
+            value = json.loads(row[0])
+        except ValueError:
+            return {}
+        return value if isinstance(value, dict) else {}
+
+    def set_settings(self, conversation_id: int, settings: dict[str, Any]) -> None:
+        with self._tx() as db:
+            self._require(db, conversation_id)
+            db.execute("UPDATE conversations SET settings = ? WHERE id = ?",
+                       (json.dumps(settings), conversation_id))
+
     def rename(self, conversation_id: int, title: str) -> None:
         with self._tx() as db:
             self._require(db, conversation_id)
