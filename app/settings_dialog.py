@@ -54,7 +54,10 @@ class SettingsDialog(QDialog):
         self.n_gpu_layers.setToolTip("-1 offloads every layer; 0 runs on the CPU only. Without "
                                      "a GPU build, Arbor falls back to the CPU and says so.")
         self.n_threads = _spin(0, 512, current.n_threads, "")
-        self.n_threads.setSpecialValueText("all cores")
+        self.n_threads.setSpecialValueText("automatic")
+        self.n_threads.setToolTip("Automatic: the physical cores less one, which wins when "
+                                  "anything else is running; all cores win only on an idle "
+                                  "machine.")
         self.flash_attn = QComboBox()
         for mode in FlashAttention:
             self.flash_attn.addItem(mode.value, mode)

@@ -27,7 +27,7 @@ class FlashAttention(StrEnum):
 class ContextParams:
     n_ctx: int = 4096
     n_batch: int = 512
-    n_threads: int = 0  # 0 = all cores
+    n_threads: int = 0  # 0 = automatic: the physical cores less one (engine.llama)
     flash_attn: FlashAttention = FlashAttention.OFF
     type_k: str = "f16"
     type_v: str = "f16"

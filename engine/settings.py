@@ -53,7 +53,7 @@ MAX_RPC_WORKERS = 16  # GGML_RPC_MAX_SERVERS
 # the rest of the file is used, and the user is told once. Name: (largest, clamped to, meaning).
 _CLAMPED: dict[str, tuple[int, int, str]] = {
     "n_gpu_layers": (MAX_GPU_LAYERS, -1, "GPU layers: more than any model has, so every layer"),
-    "n_threads": (MAX_THREADS, 0, "threads: more than any machine has, so all cores"),
+    "n_threads": (MAX_THREADS, 0, "threads: more than any machine has, so automatic"),
     "max_tokens": (MAX_REPLY_TOKENS, MAX_REPLY_TOKENS,
                    f"reply length: more than the longest, so {MAX_REPLY_TOKENS} tokens"),
 }
@@ -86,7 +86,7 @@ _LOAD_FIELDS = ("n_gpu_layers", "n_threads")
 class Settings:
     n_ctx: int = 4096
     n_gpu_layers: int = 0  # -1: every layer
-    n_threads: int = 0  # 0: all cores
+    n_threads: int = 0  # 0: automatic (the physical cores less one)
     flash_attn: FlashAttention = FlashAttention.OFF
     type_k: str = "f16"
     type_v: str = "f16"
@@ -242,7 +242,7 @@ def _problems(s: Settings) -> list[str]:
         out.append(f"GPU layers must be -1 (all), 0 (none) or a number of layers up to "
                    f"{MAX_GPU_LAYERS}")
     if not 0 <= s.n_threads <= MAX_THREADS:
-        out.append(f"threads must be 0 (all cores) or a number of threads up to {MAX_THREADS}")
+        out.append(f"threads must be 0 (automatic) or a number of threads up to {MAX_THREADS}")
     for name in ("type_k", "type_v"):
         if getattr(s, name) not in KV_TYPE_NAMES:
             out.append(f"{name}: unknown cache type {getattr(s, name)!r} "
