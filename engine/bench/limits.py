@@ -4,7 +4,6 @@ store against its budgets over a long branching session, and thread counts quiet
 from __future__ import annotations
 
 import logging
-import os
 import statistics
 import subprocess
 import sys
@@ -20,6 +19,7 @@ import numpy as np
 
 from engine.bench.cases import PASSAGE, REPLY_TOKENS, SYSTEM, paragraph
 from engine.bench.models import BenchModel
+from engine.cpu import physical_cores
 from engine.llama import LlamaContext, LlamaModel
 from engine.params import CheckpointOptions, ContextParams, RuntimeSettings, SamplingParams
 from engine.replay import CacheMode, replay
@@ -27,6 +27,8 @@ from engine.runtime import Runtime
 from engine.scenario import parse_scenario
 
 log = logging.getLogger(__name__)
+
+__all__ = ["checkpoint_throughput", "physical_cores", "store_over_session", "thread_speeds"]
 
 TAIL = 64  # the tokens decoded after a restore in the "switch" figure
 
@@ -159,28 +161,6 @@ def store_over_session(model: BenchModel, *, n_threads: int, branches: int,
         "branch_decoded_median": statistics.median(decoded) if decoded else None,
         "trace": trace,
     }
-
-
-def physical_cores() -> int:
-    """Physical cores (not hyper-threads) this process may use, from /proc/cpuinfo where it
-    says; the logical count otherwise."""
-    logical = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (
-        os.cpu_count() or 1)
-    try:
-        text = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return logical
-    cores: set[tuple[str, str]] = set()
-    physical = core = ""
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        key, value = key.strip(), value.strip()
-        if key == "physical id":
-            physical = value
-        elif key == "core id":
-            core = value
-            cores.add((physical, core))
-    return min(logical, len(cores)) if cores else logical
 
 
 @contextmanager

@@ -15,6 +15,7 @@ import os
 import platform
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -31,6 +32,7 @@ from engine.bench.report import (
     write_json,
 )
 from engine.bench.systems import SETUP, Setup, System, run
+from engine.cpu import logical_cores, physical_cores
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +43,8 @@ QUICK_MODELS = "smollm2,gemma,mamba,hybrid"
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--models", default=",".join(NAMES),
-                        help=f"comma-separated, from {', '.join(NAMES)} (default: all)")
+                        help=f"comma-separated, from {', '.join(NAMES)}, or paths to GGUF "
+                        "files (default: all)")
     parser.add_argument("--lengths", default=",".join(map(str, FULL_LENGTHS)),
                         help="conversation lengths in tokens (default: %(default)s)")
     parser.add_argument("--rounds", type=int, default=3,
@@ -61,13 +64,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="folder for results.json, results.md and the plots")
 
 
+def cli_args(argv: list[str]) -> argparse.Namespace:
+    """The command's arguments parsed as `arbor-engine bench` parses them."""
+    parser = argparse.ArgumentParser(prog="arbor-engine bench")
+    add_arguments(parser)
+    return parser.parse_args(argv)
+
+
 def machine() -> dict[str, Any]:
-    from engine.bench.limits import physical_cores
     from engine.llama import system_info
 
     return {"platform": platform.platform(), "python": platform.python_version(),
             "processor": platform.processor() or platform.machine(),
-            "logical_cores": os.cpu_count(), "physical_cores": physical_cores(),
+            "logical_cores": logical_cores(), "physical_cores": physical_cores(),
             "llama_cpp": system_info().strip(), "date": time.strftime("%Y-%m-%d %H:%M")}
 
 
@@ -78,43 +87,44 @@ def default_threads() -> int:
 
 
 def measure(models: list[BenchModel], lengths: list[int], systems: list[System], rounds: int,
-            *, n_threads: int, n_ctx: int = 4608) -> list[Record]:
+            *, n_threads: int, n_ctx: int = 4608,
+            done: Callable[[list[Record]], None] | None = None) -> list[Record]:
     """Every system on every model, length and round, the systems interleaved in a rotating
-    order within each round."""
-    records: list[Record] = []
+    order within each round. Rounds are the outer loop, so that a run cut short still has
+    whole rounds; `done` hears the records so far after each model's part of a round."""
+    sizes: dict[str, tuple[float, dict[Case, int]]] = {}
     for model in models:
         tokens = Tokens(model.path)
         try:
-            per_word = tokens.per_word()
-            new = {case: tokens.count(text) if text else 0 for case, text in NEW_TEXT.items()}
+            sizes[model.name] = (tokens.per_word(), {
+                case: tokens.count(text) if text else 0 for case, text in NEW_TEXT.items()})
         finally:
             tokens.close()
-        setup = Setup(model.path, n_ctx=n_ctx, n_batch=512, n_threads=n_threads,
-                      swa_full=model.swa_full)
-        for round_index in range(rounds):
+    records: list[Record] = []
+    for round_index in range(rounds):
+        for model in models:
+            per_word, new = sizes[model.name]
+            setup = Setup(model.path, n_ctx=n_ctx, n_batch=512, n_threads=n_threads,
+                          swa_full=model.swa_full)
             for k, length in enumerate(lengths):
                 conversation = Conversation.of_length(length, per_word)
-                order = rotation([s.value for s in systems], round_index + k)
-                for name in order:
+                for name in rotation([s.value for s in systems], round_index + k):
                     system = System(name)
-                    log.info("%s, %d tokens, round %d: %s", model.title, length,
-                             round_index + 1, system.label)
+                    log.info("round %d, %s, %d tokens: %s", round_index + 1, model.title,
+                             length, system.label)
                     for case, m in run(system, setup, conversation).items():
                         records.append(Record(
                             model=model.title, system=system.value, length=length,
                             round=round_index, case=case, ttft_ms=m.ttft_ms, decoded=m.decoded,
                             text=m.text, prompt_tokens=m.prompt_tokens,
                             new_tokens=new.get(Case(case)) if case != SETUP else None))
+            if done is not None:
+                done(mark_same_text(records))
     return mark_same_text(records)
 
 
 def limits(models: list[BenchModel], *, n_threads: int, quick: bool) -> dict[str, Any]:
-    from engine.bench.limits import (
-        checkpoint_throughput,
-        physical_cores,
-        store_over_session,
-        thread_speeds,
-    )
+    from engine.bench.limits import checkpoint_throughput, store_over_session, thread_speeds
 
     out: dict[str, Any] = {"throughput": [], "store": None, "threads": []}
     for model in models:
@@ -129,8 +139,7 @@ def limits(models: list[BenchModel], *, n_threads: int, quick: bool) -> dict[str
     out["store"] = store_over_session(models[0], n_threads=n_threads,
                                       branches=12 if quick else 40,
                                       ram_budget=48 << 20, disk_budget=160 << 20)
-    logical = os.cpu_count() or 1
-    counts = sorted({1, max(1, physical_cores() - 1), physical_cores(), logical})
+    counts = sorted({1, max(1, physical_cores() - 1), physical_cores(), logical_cores()})
     log.info("thread counts %s, quiet and busy", counts)
     out["threads"] = [asdict(f) for f in thread_speeds(models[0].path, counts,
                                                        rounds=2 if quick else 3)]
@@ -203,15 +212,20 @@ class Results:
             "targets": [asdict(v) for v in verdicts], "limits": self.limits,
         })
         longest = max(self.lengths)
+        done = sorted({r.round for r in self.records})
         text = [f"# Arbor benchmark ({time.strftime('%Y-%m-%d')}, {self.threads} threads, "
-                f"{self.rounds} round(s), greedy)", ""]
+                f"{len(done)} of {self.rounds} round(s) measured, greedy)", ""]
         if self.absent:
             text += [f"- absent: {name}: {why}" for name, why in self.absent.items()] + [""]
-        text += [f"## At {longest} tokens", "", "Each cell: tokens decoded / median time to "
-                 "first token (range over the rounds) / ratio to the full reprocess of the "
-                 "same round.", "", table(self.records, self.order, TITLES, lengths=[longest]),
-                 "## Targets", "", targets_table(verdicts), "## Every length", "",
-                 table(self.records, self.order, TITLES)]
+        if not self.records:
+            text += ["No comparison measured yet.", ""]
+        else:
+            text += [f"## At {longest} tokens", "", "Each cell: tokens decoded / median time to "
+                     "first token (range over the rounds) / ratio to the full reprocess of "
+                     "the same round.", "",
+                     table(self.records, self.order, TITLES, lengths=[longest]),
+                     "## Targets", "", targets_table(verdicts), "## Every length", "",
+                     table(self.records, self.order, TITLES)]
         if self.limits is not None:
             text += ["## Engine limits", "", limits_markdown(self.limits)]
         (out / "results.md").write_text("\n".join(text), encoding="utf-8")
@@ -244,13 +258,18 @@ def main(args: argparse.Namespace) -> int:
         log.error("no model to benchmark")
         return 2
     n_threads = args.threads or default_threads()
-    records = measure(models, lengths, systems, args.rounds, n_threads=n_threads)
-    results = Results(models, absent, lengths, args.rounds, n_threads, systems, records)
-    results.write(out)  # kept even if a limit check fails below
-    if not args.no_limits:
+    results = Results(models, absent, lengths, args.rounds, n_threads, systems, [])
+    if not args.no_limits:  # first: minutes, where the comparison may take hours
         results.limits = limits([m for m in models if not m.swa_full], n_threads=n_threads,
                                 quick=args.quick)
         results.write(out)
+
+    def keep(records: list[Record]) -> None:  # a run cut short keeps what it measured
+        results.records = records
+        results.write(out)
+
+    records = measure(models, lengths, systems, args.rounds, n_threads=n_threads, done=keep)
+    keep(records)
     written = plots(records, results.order, TITLES, out)
     log.info("wrote %s, %s and %d plots", out / "results.json", out / "results.md", len(written))
     sys.stdout.write((out / "results.md").read_text(encoding="utf-8"))

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.bench.cases import PASSAGE
-from engine.model import MemoryKind, default_model_path
+from engine.model import MemoryKind, default_model_path, read_model_info
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +87,15 @@ def _random(cache: Path, name: str, write: Callable[[Path, Path], Path]) -> Path
 
 
 def find(name: str, cache: Path, *, install: bool = False) -> BenchModel:
-    """The model called `name`, found or made; ModelAbsent says why not."""
+    """The model called `name` (or any GGUF file by its path), found or made; ModelAbsent
+    says why not."""
+    if name.endswith(".gguf"):
+        path = Path(name).expanduser()
+        if not path.is_file():
+            raise ModelAbsent(f"{path} is not a file")
+        info = read_model_info(path)
+        return BenchModel(path.stem, f"{path.stem} ({info.memory_kind.value})",
+                          info.memory_kind, path)
     if name == "smollm2":
         return BenchModel(name, "SmolLM2-135M Q4_1 (dense)", MemoryKind.DENSE,
                           default_model_path())

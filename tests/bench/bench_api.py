@@ -223,8 +223,8 @@ def run(model: Path, turns: int, home: Path) -> dict[str, dict[str, list[tuple[i
 
 def recurrent_model(out: Path) -> Path:
     sys.path.insert(0, str(ROOT))
-    from engine.model import default_model_path
     from engine.bench.random_models import ModelKind, write_tiny_model
+    from engine.model import default_model_path
 
     path = out / "mamba-12x768.gguf"
     if not path.exists():
