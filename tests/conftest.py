@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from engine.bench.random_models import ModelKind, Quant, write_tiny_model
 from engine.model import MemoryKind, default_model_path
 from engine.runtime import Runtime, RuntimeSettings
 from tests.fixtures import real_models
-from engine.bench.random_models import ModelKind, Quant, write_tiny_model
 
 pytest_plugins = ["tests.app_fixtures"]
 

@@ -12,6 +12,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from engine.bench.random_models import Quant
 from engine.checkpoints import CheckpointStore
 from engine.llama import SamplingParams
 from engine.model import MemoryKind
@@ -19,7 +20,6 @@ from engine.runtime import PrepareReport, Runtime, RuntimeSettings
 from engine.session import GenerationOptions, Session, StepReport
 from engine.tree import Role, TreeError
 from tests.conftest import ALL_KINDS, QUANTS
-from engine.bench.random_models import Quant
 
 TEXTS = ["Hello there.", "What is a tree?", "Say more.", "Why?", "List three birds.", "Ok."]
 
