@@ -182,8 +182,11 @@ def test_every_system_replays_every_case_and_arbor_says_what_the_reprocess_says(
     for case in (Case.REGENERATE, Case.SWITCH_BACK, Case.WARM_SEND, Case.CONTINUE):
         assert arbor[case.value].decoded < full[case.value].decoded / 2, case
     assert full[Case.SWITCH_BACK.value].decoded == full[Case.SWITCH_BACK.value].prompt_tokens
-    plain = results[System.PLAIN]
-    assert plain[Case.REGENERATE.value].decoded <= 1  # its prefix reuse: the same prompt
+    plain = results[System.PLAIN][Case.REGENERATE.value].decoded
+    if kind == "dense":
+        assert plain <= 1  # its prefix reuse: the same prompt again
+    else:  # a recurrent state cannot be cut back: llama-cpp-python reads it all again
+        assert plain >= full[Case.REGENERATE.value].decoded - 8
 
 
 def test_the_command_writes_json_markdown_and_plots(
