@@ -24,7 +24,10 @@ PASSAGE = (
     "mill turns slowly beside the bridge that the village rebuilt after the flood"
 )
 WORDS = PASSAGE.split(" ")
-SYSTEM = "You are a helpful assistant."
+# No system prompt: every system then renders the same prompt, the model's template with its
+# own default (llama-cpp-python's "gemma" format would drop a system prompt that llama.cpp's
+# folds into the first turn), so a text that differs is the cache's doing, not the template's.
+SYSTEM = ""
 TURNS = 4
 REPLY_TOKENS = 16  # every reply's length: the benchmark measures prompts, not generation
 INTERRUPTED_AT = 6  # the reply that is cut short, to be continued

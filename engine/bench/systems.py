@@ -113,8 +113,7 @@ def _peer(setup: Setup, conversation: Conversation, *, ram_cache: bool) -> dict[
 
     info = read_model_info(setup.model)
     # Without a template of its own a careful app names the model's format: llama-cpp-python
-    # would use llama-2's otherwise. (Its "gemma" format leaves the system prompt out, where
-    # llama.cpp's folds it into the first turn: the texts may differ, and are flagged.)
+    # would use llama-2's otherwise.
     chat_format = "gemma" if info.chat_template is None and \
         info.architecture.startswith("gemma") else None
     chat = PlainChat(setup.model, n_ctx=setup.n_ctx, n_batch=setup.n_batch,
@@ -136,7 +135,8 @@ def _peer(setup: Setup, conversation: Conversation, *, ram_cache: bool) -> dict[
         return {"role": "assistant", "content": text}
 
     try:
-        history: Messages = [{"role": "system", "content": SYSTEM}]
+        base: Messages = [{"role": "system", "content": SYSTEM}] if SYSTEM else []
+        history: Messages = list(base)
         for k, turn in enumerate(conversation.turns):
             history.append(user(turn))
             last = k == len(conversation.turns) - 1
@@ -144,7 +144,7 @@ def _peer(setup: Setup, conversation: Conversation, *, ram_cache: bool) -> dict[
         edited = [*history[:-2], user(conversation.edited_last)]
         ask(edited, Case.EDIT_LAST.value)
         branch = [*edited, assistant(ask(edited, Case.REGENERATE.value))]  # the same prompt
-        ask([history[0], user(EARLY_EDIT)], Case.EDIT_EARLY.value)
+        ask([*base, user(EARLY_EDIT)], Case.EDIT_EARLY.value)
         back = [*branch, user(AFTER_SWITCH)]
         asked = [*back, assistant(ask(back, Case.SWITCH_BACK.value)), user(TO_INTERRUPT)]
         partial = ask(asked, max_tokens=INTERRUPTED_AT)
