@@ -204,10 +204,7 @@ class PromptBuilder:
     def _render_node(self, path: Sequence[Node], index: int) -> list[int]:
         before = self._render_messages(path[:index])
         after = self._render_messages(path[: index + 1])
-        cut = len(before)
-        if not after.startswith(before):
-            cut = _common_prefix_len(before, after)
-            log.warning("chat template rewrote earlier turns; node keeps only its new text")
+        cut = len(before) if after.startswith(before) else _rewritten_end(before, after)
         tokens = self._tok.tokenize(after[cut:])
         if index == 0 and self._tok.bos is not None and tokens[:1] != [self._tok.bos]:
             tokens.insert(0, self._tok.bos)
@@ -256,6 +253,29 @@ def _messages(path: Sequence[Node]) -> list[dict[str, str]]:
             continue  # no system prompt: let the template apply its own default
         out.append({"role": node.role.value, "content": node.text})
     return out
+
+
+def _rewritten_end(before: str, after: str) -> int:
+    """Where the new node starts in `after` when the template rendered the earlier turns
+    differently once the node followed them (`before` is their rendering without it).
+
+    Templates that drop the reasoning of earlier replies (Qwen3's, DeepSeek-R1's) cut the
+    front of a reply's content and keep its end (the answer and the turn's closing text), so
+    the earlier turns in `after` end as they end in `before`: they run up to the longest
+    stretch after the common prefix that `before` ends with. The new node is what follows;
+    the earlier nodes keep the tokens they were given (what the model actually read).
+    """
+    cut = _common_prefix_len(before, after)
+    rewritten, rest = before[cut:], after[cut:]
+    last = rewritten[-1:]
+    end = next((n for n in range(min(len(rewritten), len(rest)), 0, -1)
+                if rest[n - 1] == last and rewritten.endswith(rest[:n])), 0)
+    if end == 0:
+        log.warning("chat template rewrote earlier turns; node keeps only its new text")
+    else:
+        log.info("chat template rewrote earlier turns (%d characters kept of %d); the new "
+                 "node starts after them", end, len(rewritten))
+    return cut + end
 
 
 def _common_prefix_len(a: str, b: str) -> int:

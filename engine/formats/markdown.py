@@ -1,12 +1,14 @@
 """Markdown export of the active branch: for reading and sharing, not for coming back.
 
 Markdown has no way to hold a tree, so only the path from the root to the active leaf is
-written, and a last line says how many other branches were left out.
+written, and a last line says how many other branches were left out. A reply's reasoning
+(`engine.reasoning`) is written as a collapsed `<details>` block above its answer.
 """
 
 from __future__ import annotations
 
 from engine.formats import active_path, check_record
+from engine.reasoning import ReasoningState, split_reasoning
 from engine.records import ConversationRecord
 from engine.tree import Role
 
@@ -23,11 +25,21 @@ def export_markdown(record: ConversationRecord) -> str:
         blocks.append(_quote(path[0].text))
     for node in path[1:]:
         blocks.append(_HEADINGS[node.role])
-        blocks.append(node.text)
+        blocks.extend(_reply(node.text) if node.role is Role.ASSISTANT else [node.text])
     others = _other_branches(record)
     if others:
         blocks.append(_branches_note(others))
     return "\n\n".join(blocks) + "\n"
+
+
+def _reply(text: str) -> list[str]:
+    """A reply's blocks: its reasoning, if any, folded away above the answer."""
+    split = split_reasoning(text)
+    if split.state is ReasoningState.NONE:
+        return [text]
+    label = "Reasoning" if split.state is ReasoningState.CLOSED else "Reasoning (unfinished)"
+    details = f"<details>\n<summary>{label}</summary>\n\n{split.reasoning}\n\n</details>"
+    return [details, split.answer] if split.answer else [details]
 
 
 def _quote(text: str) -> str:
