@@ -8,7 +8,11 @@ streaming is reported with `finished`.
 
 For screen readers, each row's accessible text says who wrote it, which version it is ("version
 2 of 3") and what it says; its accessible description names the keys for its painted controls
-(the version switcher, the copy buttons of its code blocks).
+(the version switcher, the copy buttons of its code blocks, the reasoning's disclosure).
+
+A reply's reasoning (`<think>...</think>`, split by engine.reasoning) is shown above its answer,
+folded once the answer has started and open while only reasoning has come; the user's choice
+per message (`toggle_reasoning`) lives in the model for as long as it runs, never on disk.
 """
 
 from __future__ import annotations
@@ -17,7 +21,7 @@ import functools
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from enum import IntEnum
 from typing import Any
@@ -35,6 +39,7 @@ from PySide6.QtGui import QKeySequence, QTextDocument
 
 from app.actions import spec
 from app.code_blocks import fences
+from engine.reasoning import Reasoning, ReasoningState, split_reasoning
 from engine.tree import Tree
 
 log = logging.getLogger(__name__)
@@ -63,6 +68,35 @@ class MessageRow:
     variants: int  # number of siblings, itself included
     checkpoint: str | None = None
     created: float = 0.0  # seconds since the epoch; 0: unknown (no time shown)
+    # The user's choice for the reply's reasoning: shown (True), folded (False), or None:
+    # shown while only reasoning has come, folded once the answer has started.
+    reasoning_shown: bool | None = None
+
+
+def reasoning_of(row: MessageRow) -> Reasoning | None:
+    """A reply's reasoning and answer, or None when it has no reasoning (or is the user's)."""
+    if row.role != ASSISTANT or "think" not in row.text:  # the markers all hold "think"
+        return None
+    split = split_reasoning(row.text)
+    return None if split.state is ReasoningState.NONE else split
+
+
+def reasoning_shown(row: MessageRow, split: Reasoning) -> bool:
+    """Whether `row`'s reasoning is unfolded: the user's choice, else open while the
+    reasoning has not ended."""
+    if row.reasoning_shown is not None:
+        return row.reasoning_shown
+    return split.state is ReasoningState.OPEN
+
+
+def reasoning_label(row: MessageRow, split: Reasoning) -> str:
+    """The disclosure's header line: "Reasoning · 312 words", and whether it is unfinished."""
+    words = "1 word" if split.words == 1 else f"{split.words:,} words"
+    if split.state is ReasoningState.CLOSED:
+        return f"Reasoning · {words}"
+    if row.status == STREAMING:
+        return f"Reasoning… · {words}"
+    return f"Reasoning, unfinished · {words}"
 
 
 def message_time(created: float, now: float | None = None) -> str:
@@ -114,6 +148,7 @@ class ChatRole(IntEnum):
     VariantRole = Qt.ItemDataRole.UserRole + 5
     VariantsRole = Qt.ItemDataRole.UserRole + 6
     CheckpointRole = Qt.ItemDataRole.UserRole + 7
+    ReasoningShownRole = Qt.ItemDataRole.UserRole + 8  # the user's choice (None: automatic)
 
 
 _ROLE_FIELDS: dict[int, str] = {
@@ -124,6 +159,7 @@ _ROLE_FIELDS: dict[int, str] = {
     ChatRole.VariantRole: "variant",
     ChatRole.VariantsRole: "variants",
     ChatRole.CheckpointRole: "checkpoint",
+    ChatRole.ReasoningShownRole: "reasoning_shown",
 }
 
 _ROLE_NAMES: dict[int, bytes] = {
@@ -134,6 +170,7 @@ _ROLE_NAMES: dict[int, bytes] = {
     ChatRole.VariantRole: b"variant",
     ChatRole.VariantsRole: b"variants",
     ChatRole.CheckpointRole: b"checkpoint",
+    ChatRole.ReasoningShownRole: b"reasoningShown",
 }
 
 _DISPLAY = int(Qt.ItemDataRole.DisplayRole)
@@ -142,7 +179,7 @@ _ACCESSIBLE_DESCRIPTION = int(Qt.ItemDataRole.AccessibleDescriptionRole)
 _TOOLTIP = int(Qt.ItemDataRole.ToolTipRole)  # the message's time, on hover
 
 # What the accessible texts depend on.
-_SPOKEN_FIELDS = ("role", "text", "status", "variant", "variants")
+_SPOKEN_FIELDS = ("role", "text", "status", "variant", "variants", "reasoning_shown")
 
 _SPEAKERS = {USER: "You", ASSISTANT: "Assistant"}
 
@@ -169,13 +206,28 @@ def accessible_text(row: MessageRow) -> str:
         parts.append("still writing")
     elif row.status == INTERRUPTED:
         parts.append("interrupted")
-    return f"{', '.join(parts)}: {spoken_text(row.text)}"
+    split = reasoning_of(row)
+    if split is None:
+        return f"{', '.join(parts)}: {spoken_text(row.text)}"
+    words = "1 word" if split.words == 1 else f"{split.words} words"
+    unfinished = "" if split.state is ReasoningState.CLOSED else "unfinished "
+    if not reasoning_shown(row, split):
+        parts.append(f"{unfinished}reasoning collapsed, {words}")
+        return f"{', '.join(parts)}: {spoken_text(split.answer)}"
+    parts.append(f"{unfinished}reasoning, {words}")
+    said = f"{', '.join(parts)}: {spoken_text(split.reasoning)}"
+    return f"{said} Answer: {spoken_text(split.answer)}" if split.answer else said
 
 
 def accessible_description(row: MessageRow) -> str:
     """The message's painted controls and their keys: the version switcher, the code
-    blocks' copy buttons."""
+    blocks' copy buttons, the reasoning's disclosure."""
     parts: list[str] = []
+    split = reasoning_of(row)
+    if split is not None:
+        verb = "hides" if reasoning_shown(row, split) else "shows"
+        parts.append(f"Reasoning {'shown' if verb == 'hides' else 'collapsed'}: "
+                     f"{_keys('toggle_reasoning')} {verb} it")
     if row.variants > 1:
         parts.append(
             f"Version {row.variant + 1} of {row.variants}: {_keys('previous_variant')} "
@@ -217,6 +269,7 @@ class ChatModel(QAbstractListModel):
         super().__init__(parent)
         self._rows: list[MessageRow] = []
         self._index: dict[int, int] = {}
+        self._reasoning_choices: dict[int, bool] = {}  # node id -> shown (the user's toggle)
 
     # --- Qt's model interface ----------------------------------------------------------
 
@@ -281,7 +334,10 @@ class ChatModel(QAbstractListModel):
         is removed and the new tail inserted. A full reset happens only when nothing is
         shared (another conversation), since then one reset is cheaper than two big moves.
         """
-        new = list(rows)
+        choices = self._reasoning_choices
+        new = [replace(row, reasoning_shown=choices[row.node_id])
+               if row.node_id in choices and row.reasoning_shown != choices[row.node_id] else row
+               for row in rows]
         old = self._rows
         shared = min(len(old), len(new))
         prefix = 0
@@ -330,21 +386,29 @@ class ChatModel(QAbstractListModel):
         old = self._rows[row]
         if old.text == text and old.status == status:
             return True
-        new = MessageRow(
-            node_id=old.node_id,
-            role=old.role,
-            text=text,
-            status=str(status),
-            variant=old.variant,
-            variants=old.variants,
-            checkpoint=old.checkpoint,
-            created=old.created,
-        )
+        new = replace(old, text=text, status=str(status))
         self._rows[row] = new
         self._emit_changes([(row, _changed_roles(old, new))])
         if old.status == STREAMING and new.status != STREAMING:
             self.finished.emit(node_id)
         return True
+
+    def toggle_reasoning(self, node_id: int) -> bool | None:
+        """Fold or unfold a shown reply's reasoning; whether it is shown now (None: the node
+        is not shown or has no reasoning). The choice lasts while the model does."""
+        number = self._index.get(node_id)
+        if number is None:
+            return None
+        old = self._rows[number]
+        split = reasoning_of(old)
+        if split is None:
+            return None
+        shown = not reasoning_shown(old, split)
+        self._reasoning_choices[node_id] = shown
+        new = replace(old, reasoning_shown=shown)
+        self._rows[number] = new
+        self._emit_changes([(number, _changed_roles(old, new))])
+        return shown
 
     def clear(self) -> None:
         """Show nothing."""

@@ -15,8 +15,10 @@ text with `edit_submitted`. How the view scrolls is its base class's, `TailFollo
 
 Code blocks have painted copy buttons (a click copies that block's exact code) and a key,
 Ctrl+Alt+C, that copies the current message's blocks one after another; `notice` carries the
-"Copied" for the status bar. For screen readers, the rows' accessible texts come from the
-model, and a reply that finishes is announced (app.accessibility).
+"Copied" for the status bar. A reply's reasoning folds and unfolds with a click on its header
+or Ctrl+Shift+K on the current message (the choice is the model's). For screen readers, the
+rows' accessible texts come from the model, and a reply that finishes is announced
+(app.accessibility).
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ from app.chat_model import (
     ChatModel,
     MessageRow,
     ModelIndex,
+    reasoning_of,
+    reasoning_shown,
     spoken_text,
 )
 from app.chat_scrolling import TailFollowingView
@@ -66,8 +70,8 @@ class ChatView(TailFollowingView):
     id of the current message and the owner applies it and feeds new rows back. Keys (scoped
     to the view): Ctrl+E or F2 edit, Ctrl+R regenerate (assistant replies), Ctrl+Backspace
     rewind, Ctrl+Shift+F fork, Ctrl+Shift+C copy, Ctrl+Alt+C copy code (again: the next
-    block), Delete delete, Alt+Left / Alt+Right previous / next version. Use it from the GUI
-    thread only.
+    block), Ctrl+Shift+K show or hide a reply's reasoning, Delete delete, Alt+Left /
+    Alt+Right previous / next version. Use it from the GUI thread only.
 
     Editing is in place (the edit action, or a double click on a user message): an editor
     opens over the bubble and stays open, focus or not, until Enter or Esc, or until its
@@ -121,11 +125,12 @@ class ChatView(TailFollowingView):
 
         self._delegate.variant_requested.connect(self.variant_requested)
         self._delegate.code_copy_requested.connect(self.copy_code)
+        self._delegate.reasoning_toggle_requested.connect(self.toggle_reasoning)
         self._actions = make_actions(Scope.CHAT, self, {
             "edit": self._on_edit, "regenerate": self._on_regenerate, "rewind": self._on_rewind,
             "fork": self._on_fork, "copy": self._on_copy, "copy_code": self._on_copy_code,
             "delete": self._on_delete, "previous_variant": self._on_previous_variant,
-            "next_variant": self._on_next_variant,
+            "next_variant": self._on_next_variant, "toggle_reasoning": self._on_toggle_reasoning,
         })
         self.addActions(list(self._actions.values()))
 
@@ -247,6 +252,8 @@ class ChatView(TailFollowingView):
         self.regenerate_action.setEnabled(row is not None and row.role == ASSISTANT)
         self.previous_variant_action.setEnabled(row is not None and row.variant > 0)
         self.next_variant_action.setEnabled(row is not None and row.variant + 1 < row.variants)
+        self._actions["toggle_reasoning"].setEnabled(row is not None
+                                                     and reasoning_of(row) is not None)
 
     @Slot(QModelIndex, QModelIndex)
     def _on_current_changed(self, _current: QModelIndex, _previous: QModelIndex) -> None:
@@ -326,6 +333,28 @@ class ChatView(TailFollowingView):
         index = (last[1] + 1) % count if last is not None and last[0] == row.node_id else 0
         self.copy_code(row.node_id, index)
 
+    @Slot(int)
+    def toggle_reasoning(self, node_id: int) -> bool | None:
+        """Fold or unfold `node_id`'s reasoning; whether it is shown now (None: the message
+        is not shown or has no reasoning). Says so to a screen reader."""
+        shown = self._chat_model.toggle_reasoning(node_id)
+        number = self._chat_model.row_of(node_id)
+        if shown is None or number is None:
+            return None
+        index = self._chat_model.index(number, 0)
+        self._delegate.sizeHintChanged.emit(index)  # the row's height changes
+        row = self._chat_model.row_at(number)
+        split = reasoning_of(row)
+        words = f", {split.words} words" if split is not None else ""
+        announce(self, f"Reasoning {'shown' if shown else 'collapsed'}{words}")
+        return shown
+
+    @Slot()
+    def _on_toggle_reasoning(self) -> None:
+        row = self.current_row()
+        if row is not None:
+            self.toggle_reasoning(row.node_id)
+
     @Slot()
     def _on_copied_shown(self) -> None:
         self._delegate.copied_button = None
@@ -340,7 +369,9 @@ class ChatView(TailFollowingView):
         row = self._chat_model.row_at(number)
         if row.role != ASSISTANT:
             return
-        text = " ".join(spoken_text(row.text).split())
+        split = reasoning_of(row)
+        said = row.text if split is None or reasoning_shown(row, split) else split.answer
+        text = " ".join(spoken_text(said).split())
         if len(text) > ANNOUNCED_CHARS:
             text = text[:ANNOUNCED_CHARS - 1].rstrip() + "…"
         what = "Reply interrupted" if row.status == INTERRUPTED else "Reply finished"
@@ -403,6 +434,8 @@ class ChatView(TailFollowingView):
         menu.addAction(self.copy_action)
         if self.copy_code_action.isEnabled():
             menu.addAction(self.copy_code_action)
+        if self._actions["toggle_reasoning"].isEnabled():
+            menu.addAction(self._actions["toggle_reasoning"])
         menu.addAction(self.edit_action)
         if row is not None and row.role == ASSISTANT:
             menu.addAction(self.regenerate_action)
@@ -459,7 +492,8 @@ class ChatView(TailFollowingView):
         super().mouseDoubleClickEvent(event)
 
     def mouseMoveEvent(self, event: QMouseEvent) -> None:
-        """A pointing hand over an enabled switcher arrow or a copy button (which lights up)."""
+        """A pointing hand over an enabled switcher arrow, a copy button (which lights up) or
+        a reasoning's header."""
         pos = event.position().toPoint()
         index = self.indexAt(pos)
         row = MessageDelegate.row_from_index(index)
@@ -467,8 +501,9 @@ class ChatView(TailFollowingView):
         button = self._delegate.code_button_at(rect, row, pos) if row is not None else None
         self._set_hovered_button(None if row is None or button is None
                                  else (row.node_id, button))
-        over = button is not None or (
-            row is not None and self._delegate.arrow_at(rect, row, pos) != 0)
+        over = button is not None or (row is not None and (
+            self._delegate.arrow_at(rect, row, pos) != 0
+            or self._delegate.reasoning_header_rect(rect, row).contains(pos)))
         if over:
             self.viewport().setCursor(Qt.CursorShape.PointingHandCursor)
         else:

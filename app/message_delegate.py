@@ -3,12 +3,14 @@
 `MessageDelegate` paints each row as a bubble with Markdown text: a role header with the
 `< n/m >` version switcher, and over each fenced code block a strip with its language and a copy
 button (the blocks: app.code_blocks; coloured once a message is painted finished, never while
-it streams). Laid-out documents live in a bounded LRU cache keyed by (node id, text hash,
-width), shared by `sizeHint` and `paint`; row heights have their own (much larger,
-tiny-entry) cache because `QListView` asks every row for its size on each relayout, which would
-otherwise thrash the document cache on long conversations. The documents are finished and
-cached with the helpers of app.message_documents; the in-place `MessageEditor` for the one
-message being edited is hosted by the base class, `EditingDelegate` (app.editing_delegate).
+it streams), and above a reply's answer its reasoning as a disclosure that a click folds or
+unfolds (app.reasoning_blocks). Laid-out documents live in a bounded LRU cache keyed by (node
+id, hash of the text and the reasoning's fold, width), shared by `sizeHint` and `paint`; row
+heights have their own (much larger, tiny-entry) cache because `QListView` asks every row for
+its size on each relayout, which would otherwise thrash the document cache on long
+conversations. The documents are finished and cached with the helpers of app.message_documents;
+the in-place `MessageEditor` for the one message being edited is hosted by the base class,
+`EditingDelegate` (app.editing_delegate).
 """
 
 from __future__ import annotations
@@ -62,6 +64,9 @@ from app.chat_model import (
     ChatRole,
     MessageRow,
     ModelIndex,
+    reasoning_label,
+    reasoning_of,
+    reasoning_shown,
 )
 from app.code_blocks import (
     TokenFormats,
@@ -82,6 +87,9 @@ from app.message_documents import (
     remember,
 )
 from app.message_documents import shade_code as _shade_code  # tests patch it to count layouts
+from app.reasoning_blocks import make_room as make_reasoning_room
+from app.reasoning_blocks import paint as paint_reasoning
+from app.reasoning_blocks import reasoning_block
 from app.theme import code_style
 
 log = logging.getLogger(__name__)
@@ -95,6 +103,14 @@ class _Geometry:
     left_arrow: QRect
     counter: QRect
     right_arrow: QRect
+
+
+def _text_key(row: MessageRow) -> int:
+    """What a row's document depends on besides its node and width: its text, and the
+    user's fold of its reasoning (None, the automatic one, follows from the text)."""
+    if row.reasoning_shown is None:
+        return hash(row.text)
+    return hash((row.text, row.reasoning_shown))
 
 
 def _key_text(action: str) -> str:
@@ -116,6 +132,7 @@ class MessageDelegate(EditingDelegate):
 
     variant_requested = Signal(int, int)  # node id, wanted variant index
     code_copy_requested = Signal(int, int)  # node id, index of the code block
+    reasoning_toggle_requested = Signal(int)  # node id: its reasoning's header was clicked
 
     MARGIN_H: ClassVar[int] = 12  # outside the bubble, left and right
     MARGIN_V: ClassVar[int] = 5  # outside the bubble, above and below
@@ -173,17 +190,23 @@ class MessageDelegate(EditingDelegate):
         Its code blocks are found and given their strips here (the height does not change
         when the message finishes); they are coloured when it is painted finished.
         """
-        key = (row.node_id, hash(row.text), text_width)
+        key = (row.node_id, _text_key(row), text_width)
         doc = self._docs.get(key)
         if doc is not None:
             self._docs.move_to_end(key)
             return doc
         font = font if font is not None else self._font()
-        doc = markdown_document(row.text, font)
+        split = reasoning_of(row)
+        source = row.text if split is None else split.answer
+        doc = markdown_document(source, font)
         _shade_code(doc)
-        doc.code_blocks = find_code_blocks(doc, row.text)
+        doc.code_blocks = find_code_blocks(doc, source)
         if doc.code_blocks:
             make_room(doc, doc.code_blocks, self._strip_height(font))
+        if split is not None:
+            doc.reasoning = reasoning_block(split.reasoning, reasoning_label(row, split),
+                                            reasoning_shown(row, split), font, text_width)
+            make_reasoning_room(doc, doc.reasoning)
         colour_links(doc, self._palette().color(QPalette.ColorRole.Link))
         doc.setTextWidth(text_width)
         remember(self._docs, self._latest_doc, key, doc, self.cache_limit)
@@ -195,7 +218,7 @@ class MessageDelegate(EditingDelegate):
         `QListView` asks every row for its size on each relayout (every streamed token), so
         this is the hot path: a hit is one dict lookup and no Qt call.
         """
-        key = (row.node_id, hash(row.text), item_width)
+        key = (row.node_id, _text_key(row), item_width)
         height = self._heights.get(key)
         if height is not None:
             self._heights.move_to_end(key)
@@ -354,6 +377,21 @@ class MessageDelegate(EditingDelegate):
                 return number
         return None
 
+    def reasoning_header_rect(self, option_rect: QRect, row: MessageRow) -> QRect:
+        """The header of `row`'s reasoning (a click folds or unfolds it) painted in
+        `option_rect`; an empty QRect when it has none or is being edited."""
+        if reasoning_of(row) is None or (self._edit is not None
+                                         and row.node_id == self._edit.node_id):
+            return QRect()
+        font = self._font()
+        rect = QRect(option_rect)
+        doc = self.document(row, self.text_width(row.role, rect.width()), font)
+        if doc.reasoning is None:
+            return QRect()
+        geometry = self._geometry(rect, row, font)
+        header = doc.reasoning.header_rect(doc.textWidth())
+        return header.translated(QPointF(geometry.text_origin)).toAlignedRect()
+
     def code_of(self, row: MessageRow, item_width: int) -> tuple[str, ...]:
         """The exact code of each of `row`'s code blocks, in order."""
         doc = self.document(row, self.text_width(row.role, item_width))
@@ -483,7 +521,7 @@ class MessageDelegate(EditingDelegate):
         width = self._item_width(option)
         if self._edit is not None and row.node_id == self._edit.node_id:
             return QSize(width, self._editing_height(option, self._edit.height))
-        key = (row.node_id, hash(row.text), width)
+        key = (row.node_id, _text_key(row), width)
         height = self._heights.get(key)
         if height is None:
             height = self._item_height(row, width, QFont(option.font))
@@ -581,6 +619,8 @@ class MessageDelegate(EditingDelegate):
         if doc.code_blocks:
             self._paint_code_strips(painter, doc, row, font, self._code_widths(doc, geometry),
                                     (text, dim, fill))
+        if doc.reasoning is not None:
+            paint_reasoning(painter, doc.reasoning, font, doc.textWidth(), dim)
         painter.restore()
 
     def _paint_switcher(
@@ -627,6 +667,10 @@ class MessageDelegate(EditingDelegate):
             previous, following = self.switcher_rects(option.rect, row)
             if self.code_button_at(option.rect, row, pos) is not None:
                 tip = f"Copy the code ({_key_text('copy_code')})"
+            elif self.reasoning_header_rect(option.rect, row).contains(pos):
+                split = reasoning_of(row)
+                verb = "Hide" if split is not None and reasoning_shown(row, split) else "Show"
+                tip = f"{verb} the reasoning ({_key_text('toggle_reasoning')})"
             elif previous.contains(pos):  # enabled or not: the tip says what it is for
                 tip = f"Previous version ({_key_text('previous_variant')})"
             elif following.contains(pos):
@@ -643,8 +687,9 @@ class MessageDelegate(EditingDelegate):
         option: QStyleOptionViewItem,
         index: ModelIndex,
     ) -> bool:
-        """Clicks on a copy button emit `code_copy_requested`, on the switcher arrows
-        `variant_requested`; other events pass on."""
+        """Clicks on a copy button emit `code_copy_requested`, on the reasoning's header
+        `reasoning_toggle_requested`, on the switcher arrows `variant_requested`; other events
+        pass on."""
         kind = event.type()
         if kind not in (
             QEvent.Type.MouseButtonPress,
@@ -663,6 +708,11 @@ class MessageDelegate(EditingDelegate):
             if kind == QEvent.Type.MouseButtonRelease:
                 log.debug("copy code block %s of node %s", button, row.node_id)
                 self.code_copy_requested.emit(row.node_id, button)
+            return True
+        if self.reasoning_header_rect(option.rect, row).contains(pos):
+            if kind == QEvent.Type.MouseButtonRelease:
+                log.debug("toggle the reasoning of node %s", row.node_id)
+                self.reasoning_toggle_requested.emit(row.node_id)
             return True
         direction = self.arrow_at(option.rect, row, pos)
         if direction == 0:

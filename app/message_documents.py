@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import OrderedDict
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from PySide6.QtGui import (
     QColor,
@@ -26,6 +26,9 @@ from PySide6.QtGui import (
 )
 
 from app.code_blocks import CodeBlock
+
+if TYPE_CHECKING:
+    from app.reasoning_blocks import ReasoningBlock
 
 
 def mix(a: QColor, b: QColor, amount: float) -> QColor:
@@ -49,7 +52,9 @@ def code_background(fill: QColor) -> QColor:
 
 
 class MessageDocument(QTextDocument):
-    """A message's laid-out Markdown, with its code blocks (app.code_blocks).
+    """A message's laid-out Markdown, with its code blocks (app.code_blocks) and, for a
+    reply that has some, its reasoning above the answer (app.reasoning_blocks; the document
+    then holds the answer only).
 
     `highlighted` is set once its code has been coloured: that happens when the message is
     first painted finished, never while it streams.
@@ -58,6 +63,7 @@ class MessageDocument(QTextDocument):
     def __init__(self) -> None:
         super().__init__()
         self.code_blocks: tuple[CodeBlock, ...] = ()
+        self.reasoning: ReasoningBlock | None = None
         self.highlighted = False
 
 

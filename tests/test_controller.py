@@ -110,7 +110,7 @@ def test_every_action_is_in_one_table_with_unique_names_and_keys() -> None:
     assert len(keys) == len(set(keys)), "a key bound to two actions"
     assert {item.name for item in specs(Scope.CHAT)} == {
         "edit", "regenerate", "rewind", "fork", "copy", "copy_code", "delete",
-        "previous_variant", "next_variant"}
+        "previous_variant", "next_variant", "toggle_reasoning"}
     assert all(item.menu is Menu.MESSAGE for item in specs(Scope.CHAT))
     assert all(name is None or spec(name).toolbar for name in TOOLBAR)
     rows = dict(shortcut_rows())
