@@ -1,6 +1,7 @@
 """Render the main window with sample conversations into PNGs for the README: a branching
 conversation in the light and the dark theme (main-window, main-window-dark) and a reply with
-highlighted code blocks (code-blocks).
+highlighted code blocks (code-blocks) and a reasoning model's replies, one with its reasoning
+folded and one unfolded (reasoning).
 
     QT_QPA_PLATFORM=offscreen .venv/bin/python -m app.screenshots resources/screenshots
     QT_QPA_PLATFORM=offscreen .venv/bin/python -m app.screenshots resources/screenshots code-blocks
@@ -37,7 +38,23 @@ CODE_SAMPLE = [
                   "To check the file first:\n\n"
                   "```bash\nhead -n 3 trees.csv | column -s, -t\n```"),
 ]
-SHOTS = ("main-window", "code-blocks")
+REASONING_SAMPLE = [
+    ("user", "Is 221 a prime number?"),
+    ("assistant", "<think>\nI should try the primes up to the square root of 221, which is a "
+                  "little under 15: 2, 3, 5, 7, 11 and 13. It is odd, so not 2. Its digits add "
+                  "up to 5, so not 3. It does not end in 0 or 5. 7 times 31 is 217, remainder "
+                  "4. 11 times 20 is 220, remainder 1. 13 times 17 is 221. So it is not prime."
+                  "\n</think>\n\nNo: **221 = 13 \u00d7 17**, so it is not prime."),
+    ("user", "And 223?"),
+    ("assistant", "<think>\nThe square root of 223 is just under 15, so again the primes up to "
+                  "13. 223 is odd; its digits add up to 7, so 3 does not divide it; it does "
+                  "not end in 0 or 5. 7 \u00d7 31 = 217, remainder 6. "
+                  "11 \u00d7 20 = 220, remainder 3. "
+                  "13 \u00d7 17 = 221, remainder 2. No divisor, so 223 is prime.\n</think>\n\n"
+                  "Yes, **223 is prime**: none of 2, 3, 5, 7, 11 or 13 divides it, and "
+                  "15 \u00d7 15 is already larger."),
+]
+SHOTS = ("main-window", "code-blocks", "reasoning")
 
 
 def main(argv: list[str]) -> int:
@@ -72,6 +89,10 @@ def main(argv: list[str]) -> int:
     for role, text in CODE_SAMPLE:
         code.add_child(code.active_leaf, Role(role), text)
     code_id = store.create(code, title="Reading a CSV in Python")
+    reasoning = Tree("")
+    for role, text in REASONING_SAMPLE:
+        reasoning.add_child(reasoning.active_leaf, Role(role), text)
+    reasoning_id = store.create(reasoning, title="Is 221 prime?")
     store.create(Tree(), title="Rivers and deltas")
     store.create(tree, title="Why oaks live long")
     window = MainWindow(store=store)
@@ -96,6 +117,15 @@ def main(argv: list[str]) -> int:
         app.processEvents()
         window.grab().save(str(out / "code-blocks.png"))
         saved.append(out / "code-blocks.png")
+    if "reasoning" in shots:
+        apply_theme(app, Theme.LIGHT)
+        window.controller.open_conversation(reasoning_id)
+        app.processEvents()
+        window.chat.toggle_reasoning(window.chat.model().rows()[-1].node_id)  # one unfolded
+        window.chat.scroll_to_end()
+        app.processEvents()
+        window.grab().save(str(out / "reasoning.png"))
+        saved.append(out / "reasoning.png")
     window.close()
     print(*saved)
     return 0
