@@ -103,22 +103,27 @@ def _char_builder() -> PromptBuilder:
                          Tokenizer(tokenize=lambda text: [ord(c) for c in text], bos=None))
 
 
-def test_a_follow_up_after_reasoning_holds_the_reply_as_read_and_its_own_turn_once() -> None:
+@pytest.mark.parametrize("reply", [
+    REASONED,
+    "<think>\nHmm.\n</think>\n\n<b>Hi</b>",  # the answer starts as the think block does
+    "Hello there!",  # no reasoning: the template still drops the empty block it gave it
+    "<think>\nCut short, Hello there!",  # reasoning that never ended
+])
+def test_a_follow_up_after_reasoning_holds_the_reply_as_read_and_its_own_turn_once(
+    reply: str,
+) -> None:
     """The template drops the reasoning once a user message follows; the reply keeps the
     tokens it had (what the model read and wrote), and the follow-up's tokens are its own
     turn: not the answer again (the template's rewritten tail of the reply)."""
-    tree = _reasoning_tree()
+    tree = Tree("Be kind.")
+    tree.add_child(tree.active_leaf, Role.USER, "Hi")
+    tree.add_child(tree.active_leaf, Role.ASSISTANT, reply)
     builder = _char_builder()
-    first = builder.path_tokens(tree.active_path())
+    first = "".join(map(chr, builder.path_tokens(tree.active_path())))
     tree.add_child(tree.active_leaf, Role.USER, "Why?")
     target = "".join(map(chr, builder.target(tree.active_path())))
-    assert target == (
-        "<|im_start|>system\nBe kind.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
-        f"<|im_start|>assistant\n{REASONED}<|im_end|>\n"
-        "<|im_start|>user\nWhy?<|im_end|>\n<|im_start|>assistant\n"
-    )
-    assert [ord(c) for c in target[: len(first)]] == first
-    assert target.count("Hello there!") == 1
+    assert target == first + "<|im_start|>user\nWhy?<|im_end|>\n<|im_start|>assistant\n"
+    assert target.count(reply.rsplit("\n", 1)[-1]) == 1  # the answer is read once
 
 
 def _text(runtime: Runtime, tokens: tuple[int, ...]) -> str:
