@@ -12,7 +12,8 @@ For screen readers, each row's accessible text says who wrote it, which version 
 
 A reply's reasoning (`<think>...</think>`, split by engine.reasoning) is shown above its answer,
 folded once the answer has started and open while only reasoning has come; the user's choice
-per message (`toggle_reasoning`) lives in the model for as long as it runs, never on disk.
+per message (`toggle_reasoning`) lives in the model while its conversation is shown, never on
+disk.
 """
 
 from __future__ import annotations
@@ -270,6 +271,7 @@ class ChatModel(QAbstractListModel):
         self._rows: list[MessageRow] = []
         self._index: dict[int, int] = {}
         self._reasoning_choices: dict[int, bool] = {}  # node id -> shown (the user's toggle)
+        self._conversation: int | None = None  # whose rows these are (see set_rows)
 
     # --- Qt's model interface ----------------------------------------------------------
 
@@ -326,14 +328,18 @@ class ChatModel(QAbstractListModel):
         """The row showing `node_id`, or None when it is not on the shown path."""
         return self._index.get(node_id)
 
-    def set_rows(self, rows: Sequence[MessageRow]) -> None:
+    def set_rows(self, rows: Sequence[MessageRow], conversation: int | None = None) -> None:
         """Show `rows`, emitting the smallest change against what is shown now.
+        `conversation` names whose rows they are: another one forgets the reasoning folds.
 
         Rows are matched by node id from the top: the common prefix keeps its rows (each one
         whose fields changed gets a dataChanged with the changed roles), the old tail after it
         is removed and the new tail inserted. A full reset happens only when nothing is
         shared (another conversation), since then one reset is cheaper than two big moves.
         """
+        if conversation != self._conversation:  # node ids are unique only within a tree
+            self._reasoning_choices.clear()
+            self._conversation = conversation
         choices = self._reasoning_choices
         new = [replace(row, reasoning_shown=choices[row.node_id])
                if row.node_id in choices and row.reasoning_shown != choices[row.node_id] else row

@@ -253,7 +253,7 @@ class MainWindow(QMainWindow):
             return
         tree = c.tree
         marks = self.replies.marks.get(c.current, {})
-        self.chat.model().set_rows(rows_from_tree(tree, marks))
+        self.chat.model().set_rows(rows_from_tree(tree, marks), c.current)
         self.tree_panel.set_tree(panel_nodes_from_tree(tree, marks),
                                  [n.id for n in tree.active_path()])
         self._update_actions()

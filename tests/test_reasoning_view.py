@@ -145,6 +145,11 @@ def test_the_choice_survives_new_rows_and_streaming(view: ChatView) -> None:
     view.update_text(2, REPLY + " Anything else?", "complete")
     assert view.model().row_at(1).reasoning_shown is True
     assert view.toggle_reasoning(3) is None  # a user message has no reasoning
+    # Another conversation whose reply has the same node id (ids are per tree): folded.
+    view.model().set_rows([row(1, "Hi", role="user"), row(2, REPLY)], conversation=7)
+    assert view.model().row_at(1).reasoning_shown is None
+    reasoning = document(view, 2).reasoning
+    assert reasoning is not None and not reasoning.shown
 
 
 def test_code_in_the_answer_keeps_its_copy_button_under_the_reasoning(
@@ -214,3 +219,12 @@ def test_a_reasoning_reply_in_the_window(
     assert chat.model().row_at(1).reasoning_shown is True
     last = document(chat, rows[3].node_id)
     assert last.reasoning is not None and last.reasoning.label.startswith("Reasoning, unfinished")
+    # Another conversation whose reply has the same node ids: its reasoning is folded, and
+    # coming back finds this one's folded too (the choice is not kept across a switch).
+    other = Tree("")
+    other.add_child(other.add_child(other.root_id, Role.USER, "Hello").id, Role.ASSISTANT, REPLY)
+    assert [r.node_id for r in chat.model().rows()[:2]] == [n.id for n in other.messages()]
+    other_id = win.store.create(other, title="Other")
+    assert win.controller.open_conversation(other_id)
+    assert chat.model().row_at(0).text == "Hello"
+    assert chat.model().row_at(1).reasoning_shown is None
