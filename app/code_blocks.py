@@ -193,7 +193,9 @@ def find_code_blocks(doc: QTextDocument, source: str | None) -> tuple[CodeBlock,
 
 
 def make_room(doc: QTextDocument, blocks: tuple[CodeBlock, ...], height: float) -> None:
-    """A strip `height` pixels tall above each block's first line (for its label and button)."""
+    """A strip `height` pixels tall above each block's first line (for its label and button).
+    Qt's layout ignores the top margin of a document's first block, so a message that opens
+    with code gets the room in its root frame's top margin as well."""
     cursor = QTextCursor(doc)
     for code in blocks:
         first = doc.findBlockByNumber(code.first)
@@ -201,6 +203,11 @@ def make_room(doc: QTextDocument, blocks: tuple[CodeBlock, ...], height: float) 
         fmt.setTopMargin(height)
         cursor.setPosition(first.position())
         cursor.setBlockFormat(fmt)
+        if code.first == 0:
+            frame = doc.rootFrame()
+            frame_format = frame.frameFormat()
+            frame_format.setTopMargin(frame_format.topMargin() + height)
+            frame.setFrameFormat(frame_format)
 
 
 def strip_rect(doc: QTextDocument, code: CodeBlock, height: float, width: float) -> QRectF:

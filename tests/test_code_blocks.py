@@ -16,7 +16,7 @@ from pytestqt.qtbot import QtBot
 from app import code_blocks, message_delegate
 from app.chat_model import MessageRow
 from app.chat_view import ChatView
-from app.code_blocks import Fence, fences, find_code_blocks
+from app.code_blocks import Fence, code_rect, fences, find_code_blocks, strip_rect
 from app.main_window import MainWindow
 from app.message_documents import MessageDocument, code_background, markdown_document, mix
 from app.theme import (
@@ -337,3 +337,15 @@ def test_the_status_bar_says_copied(
     qtbot.mouseClick(chat.viewport(), Qt.MouseButton.LeftButton, pos=rect.center())
     assert QGuiApplication.clipboard().text() == "ls -la"
     assert win.statusBar().currentMessage() == "Copied"
+
+
+def test_a_message_that_opens_with_code_has_its_strip_inside_the_message(
+    view: ChatView
+) -> None:
+    """Qt drops a document's first block's top margin: the strip must not rise above it."""
+    view.model().set_rows([row(1, "```python\nprint(1)\n```\n\nThat prints one.")])
+    doc = painted_document(view, 1)
+    (code,) = doc.code_blocks
+    height = view.delegate._strip_height(view.font())
+    strip = strip_rect(doc, code, height, 300.0)
+    assert strip.top() >= 0 and strip.bottom() <= code_rect(doc, code, 300.0).top() + 0.5
