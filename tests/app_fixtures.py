@@ -17,9 +17,12 @@ from PySide6.QtCore import QCoreApplication, QEvent, QObject, Qt
 from pytestqt.qtbot import QtBot
 
 import engine.llama as llama_layer
+from app.chat_view import ChatView
 from app.engine_client import EngineClient
 from app.engine_thread import ThreadEngine
 from app.main_window import MainWindow
+from app.message_documents import MessageDocument
+from app.theme import fusion_light_palette
 from engine.settings import Settings
 from engine.store import Store
 from engine.tree import Tree
@@ -157,3 +160,25 @@ def send(qtbot: QtBot, win: MainWindow, text: str) -> None:
     win.composer.setPlainText(text)
     with qtbot.waitSignal(win.reply_finished, timeout=TIMEOUT):
         qtbot.keyClick(win.composer, Qt.Key.Key_Return)
+
+
+@pytest.fixture
+def chat_view(qtbot: QtBot) -> Iterator[ChatView]:
+    """A chat view alone, light palette, 720x620, shown."""
+    widget = ChatView()
+    qtbot.addWidget(widget)
+    widget.setPalette(fusion_light_palette())
+    widget.resize(720, 620)
+    widget.show()
+    qtbot.waitExposed(widget)
+    yield widget
+
+
+def painted_document(view: ChatView, node_id: int) -> MessageDocument:
+    """Paint the view, then the document its delegate painted for `node_id`."""
+    view.viewport().grab()
+    number = view.model().row_of(node_id)
+    assert number is not None
+    shown = view.model().row_at(number)
+    width = view.delegate.text_width(shown.role, view.viewport().width())
+    return view.delegate.document(shown, width)

@@ -3,7 +3,7 @@ copy button per block (painted, hit-tested, lit on hover) and Ctrl+Alt+C."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -25,9 +25,9 @@ from app.theme import (
     MIN_TEXT_CONTRAST,
     contrast_ratio,
     dark_palette,
-    fusion_light_palette,
 )
 from engine.tree import Role, Tree
+from tests.app_fixtures import painted_document
 
 PYTHON = (
     "def rows(path):\n"
@@ -46,24 +46,8 @@ def row(node_id: int, text: str, status: str = "complete", role: str = "assistan
 
 
 @pytest.fixture
-def view(qtbot: QtBot) -> Iterator[ChatView]:
-    widget = ChatView()
-    qtbot.addWidget(widget)
-    widget.setPalette(fusion_light_palette())
-    widget.resize(720, 620)
-    widget.show()
-    qtbot.waitExposed(widget)
-    yield widget
-
-
-def painted_document(view: ChatView, node_id: int) -> MessageDocument:
-    """Paint the view, then the document its delegate painted for `node_id`."""
-    view.viewport().grab()
-    number = view.model().row_of(node_id)
-    assert number is not None
-    shown = view.model().row_at(number)
-    width = view.delegate.text_width(shown.role, view.viewport().width())
-    return view.delegate.document(shown, width)
+def view(chat_view: ChatView) -> ChatView:
+    return chat_view
 
 
 def format_of(doc: MessageDocument, needle: str) -> Any:

@@ -4,7 +4,7 @@ and screen readers hear which it is."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 
 import pytest
 from PySide6.QtCore import QPoint, QRect, Qt
@@ -13,9 +13,8 @@ from pytestqt.qtbot import QtBot
 from app.chat_model import ChatModel, MessageRow, accessible_description, accessible_text
 from app.chat_view import ChatView
 from app.main_window import MainWindow
-from app.message_documents import MessageDocument
-from app.theme import fusion_light_palette
 from engine.tree import NodeStatus, Role, Tree
+from tests.app_fixtures import painted_document
 
 THOUGHTS = "The user wants a greeting. " * 12  # 60 words
 REPLY = f"<think>\n{THOUGHTS}\n</think>\n\nHello! How can I help?"
@@ -28,23 +27,8 @@ def row(node_id: int, text: str, status: str = "complete", role: str = "assistan
 
 
 @pytest.fixture
-def view(qtbot: QtBot) -> Iterator[ChatView]:
-    widget = ChatView()
-    qtbot.addWidget(widget)
-    widget.setPalette(fusion_light_palette())
-    widget.resize(720, 620)
-    widget.show()
-    qtbot.waitExposed(widget)
-    yield widget
-
-
-def document(view: ChatView, node_id: int) -> MessageDocument:
-    view.viewport().grab()
-    number = view.model().row_of(node_id)
-    assert number is not None
-    shown = view.model().row_at(number)
-    return view.delegate.document(shown, view.delegate.text_width(shown.role,
-                                                                   view.viewport().width()))
+def view(chat_view: ChatView) -> ChatView:
+    return chat_view
 
 
 def header(view: ChatView, node_id: int) -> QRect:
@@ -62,7 +46,7 @@ def height(view: ChatView, node_id: int) -> int:
 
 def test_a_finished_reply_shows_its_answer_below_a_folded_header(view: ChatView) -> None:
     view.set_rows([row(1, "Hi", role="user"), row(2, REPLY)])
-    doc = document(view, 2)
+    doc = painted_document(view, 2)
     assert doc.toPlainText() == "Hello! How can I help?"  # the markers and thoughts are not text
     assert doc.reasoning is not None
     assert doc.reasoning.label == "Reasoning · 60 words"
@@ -77,14 +61,14 @@ def test_while_only_reasoning_streams_it_is_open_and_folds_once_the_answer_start
 ) -> None:
     view.set_rows([row(1, "Hi", role="user"), row(2, "", status="streaming")])
     view.update_text(2, "<think>\nThe user wants")
-    doc = document(view, 2)
+    doc = painted_document(view, 2)
     assert doc.reasoning is not None and doc.reasoning.shown
     assert doc.reasoning.label == "Reasoning… · 3 words"
     assert doc.reasoning.document is not None
     assert doc.reasoning.document.toPlainText() == "The user wants"
     open_height = height(view, 2)
     view.update_text(2, f"<think>\n{THOUGHTS}\n</think>\n\nHello")
-    doc = document(view, 2)
+    doc = painted_document(view, 2)
     assert doc.reasoning is not None and not doc.reasoning.shown
     assert doc.toPlainText() == "Hello"
     assert height(view, 2) < open_height + 40  # folded: the thoughts take no room
@@ -92,7 +76,7 @@ def test_while_only_reasoning_streams_it_is_open_and_folds_once_the_answer_start
 
 def test_an_interrupted_reply_with_unended_reasoning_says_so(view: ChatView) -> None:
     view.set_rows([row(1, "<think>Let me think about th", status="interrupted")])
-    doc = document(view, 1)
+    doc = painted_document(view, 1)
     assert doc.reasoning is not None and doc.reasoning.shown
     assert doc.reasoning.label == "Reasoning, unfinished · 5 words"
     said = accessible_text(view.model().row_at(0))
@@ -104,7 +88,7 @@ def test_a_click_on_the_header_unfolds_and_folds_it(view: ChatView, qtbot: QtBot
     folded = height(view, 2)
     qtbot.mouseClick(view.viewport(), Qt.MouseButton.LeftButton, pos=header(view, 2).center())
     qtbot.waitUntil(lambda: height(view, 2) > folded + 40, timeout=3000)
-    doc = document(view, 2)
+    doc = painted_document(view, 2)
     assert doc.reasoning is not None and doc.reasoning.shown
     assert doc.reasoning.document is not None
     assert doc.reasoning.document.toPlainText().startswith("The user wants a greeting.")
@@ -148,7 +132,7 @@ def test_the_choice_survives_new_rows_and_streaming(view: ChatView) -> None:
     # Another conversation whose reply has the same node id (ids are per tree): folded.
     view.model().set_rows([row(1, "Hi", role="user"), row(2, REPLY)], conversation=7)
     assert view.model().row_at(1).reasoning_shown is None
-    reasoning = document(view, 2).reasoning
+    reasoning = painted_document(view, 2).reasoning
     assert reasoning is not None and not reasoning.shown
 
 
@@ -208,7 +192,7 @@ def test_a_reasoning_reply_in_the_window(
     chat = win.chat
     rows = chat.model().rows()
     chat.scroll_to_node(rows[1].node_id)
-    assert document(chat, rows[1].node_id).reasoning is not None
+    assert painted_document(chat, rows[1].node_id).reasoning is not None
     toggle = next(a for a in win.findChildren(type(chat.action("toggle_reasoning")))
                   if a.objectName() == "chat_toggle_reasoning_action")
     assert toggle is chat.action("toggle_reasoning")
@@ -217,7 +201,7 @@ def test_a_reasoning_reply_in_the_window(
     assert toggle.isEnabled()
     toggle.trigger()
     assert chat.model().row_at(1).reasoning_shown is True
-    last = document(chat, rows[3].node_id)
+    last = painted_document(chat, rows[3].node_id)
     assert last.reasoning is not None and last.reasoning.label.startswith("Reasoning, unfinished")
     # Another conversation whose reply has the same node ids: its reasoning is folded, and
     # coming back finds this one's folded too (the choice is not kept across a switch).

@@ -10,7 +10,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -19,7 +19,6 @@ import numpy as np
 
 from engine.bench.cases import PASSAGE, REPLY_TOKENS, SYSTEM, paragraph
 from engine.bench.models import BenchModel
-from engine.cpu import physical_cores
 from engine.llama import LlamaContext, LlamaModel
 from engine.params import CheckpointOptions, ContextParams, RuntimeSettings, SamplingParams
 from engine.replay import CacheMode, replay
@@ -27,8 +26,6 @@ from engine.runtime import Runtime
 from engine.scenario import parse_scenario
 
 log = logging.getLogger(__name__)
-
-__all__ = ["checkpoint_throughput", "physical_cores", "store_over_session", "thread_speeds"]
 
 TAIL = 64  # the tokens decoded after a restore in the "switch" figure
 
@@ -197,7 +194,7 @@ def thread_speeds(path: Path, counts: list[int], *, prompt: int = 512, generate:
             for busy in (False, True):
                 samples: dict[int, tuple[list[float], list[float]]] = {
                     n: ([], []) for n in counts}
-                with busy_neighbour() if busy else _quiet():
+                with busy_neighbour() if busy else nullcontext():
                     for _ in range(rounds):
                         for n, ctx in contexts.items():
                             prefill, gen = _speed(ctx, tokens, generate)
@@ -211,11 +208,6 @@ def thread_speeds(path: Path, counts: list[int], *, prompt: int = 512, generate:
     finally:
         model.close()
     return figures
-
-
-@contextmanager
-def _quiet() -> Iterator[None]:
-    yield
 
 
 def _speed(ctx: LlamaContext, tokens: list[int], generate: int) -> tuple[float, float]:
