@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 
 from engine.checkpoints import DEFAULT_INTERVAL, Checkpoint, CheckpointStore, plan_saves
 from engine.llama import apply_builtin_template, builtin_template_names
+from engine.overflow import Cut, Overflow, fit, read_part, reply_room
 from engine.params import SamplingParams
 from engine.prompt import BuiltinTemplate, ChatTemplate, PromptBuilder, Template, Tokenizer
 from engine.runtime import (
@@ -28,7 +29,7 @@ from engine.runtime import (
     Runtime,
 )
 from engine.templates import TemplateChoice, TemplateOrigin, choose_template
-from engine.tree import Node
+from engine.tree import Node, Role
 
 log = logging.getLogger(__name__)
 
@@ -133,8 +134,40 @@ class Generator:
         report = self._prepare(list(path), target, marks, on_progress, cancel, on_plan)
         return Prepared(report, tuple(before), base_text)
 
-    def warm(self, path: Sequence[Node], *, cancel: CancelFn | None = None) -> PrepareReport | None:
-        """Prepare what the next prompt will start with: `path` itself, batched.
+    def fit(
+        self,
+        path: Sequence[Node],
+        *,
+        resume: Node | None = None,
+        max_tokens: int,
+        overflow: Overflow,
+        tail: bool = True,
+    ) -> Cut:
+        """Which nodes of `path` the model reads for a reply (`engine.overflow`). Every node
+        gets its tokens first, rendered after the whole path, so a node's tokens never depend
+        on what is left out. `tail`: count the reply's prompt (False for a warm-up, which
+        prepares the path alone)."""
+        self.prompts.ensure_tokens(path)
+        lengths = [len(node.tokens or ()) for node in path]
+        user = [node.role is Role.USER for node in path]
+        extra = 0
+        if tail and overflow is not Overflow.STOP:
+            extra = len(self.prompts.generation_prompt(path) if resume is None
+                        else self.prompts.open_reply_tokens(path, resume))
+        n_ctx = self.runtime.n_ctx
+        return fit(lengths, user, tail=extra, n_ctx=n_ctx, room=reply_room(n_ctx, max_tokens),
+                   policy=overflow)
+
+    def warm(
+        self,
+        path: Sequence[Node],
+        *,
+        cancel: CancelFn | None = None,
+        max_tokens: int = 512,
+        overflow: Overflow = Overflow.STOP,
+    ) -> PrepareReport | None:
+        """Prepare what the next prompt will start with: `path` itself, batched (under
+        `Overflow.DROP_OLDEST`, the part of it a reply would read now).
 
         Done while the user reads or types, so that Send decodes only the new message. After
         a reply this re-decodes the reply in one batch (its one-token decode is not the
@@ -143,6 +176,8 @@ class Generator:
         """
         if not self.use_cache:
             return None  # every prompt is decoded from scratch anyway
+        cut = self.fit(path, max_tokens=max_tokens, overflow=overflow, tail=False)
+        path = read_part(path, cut)
         target = self.prompts.path_tokens(path)
         marks = self.prompts.marks(path)
         runtime = self.runtime

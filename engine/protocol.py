@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 
 from engine.checkpoints import Checkpoint, Identity
+from engine.overflow import Overflow
 from engine.params import CheckpointOptions, RuntimeSettings, SamplingParams
 from engine.records import ConversationRecord
 from engine.reply import NodeView, ReplyReport, ReplyResult
@@ -65,6 +66,8 @@ class WarmRequest:
     epoch: int
     conversation_id: int
     path: tuple[NodeView, ...]
+    max_tokens: int = 512  # with `overflow`: which part of the path a reply would read
+    overflow: Overflow = Overflow.STOP
 
 
 @dataclass(frozen=True)
@@ -77,6 +80,7 @@ class GenerateRequest:
     max_tokens: int
     seed: int
     sampling: SamplingParams | None = None  # this reply's own (API requests); else configured
+    overflow: Overflow = Overflow.STOP  # when the path outgrows the context (engine.overflow)
 
 
 @dataclass(frozen=True)

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from engine.errors import ArborError, Cancelled, ContextOverflowError, ModelLoadError
+from engine.overflow import Overflow
 from engine.params import SamplingParams
 from engine.paths import data_dirs
 from engine.process import EngineProcess
@@ -84,14 +85,15 @@ class RemoteReplier:
 
     def reply(self, path: Sequence[Node], *, resume: Node | None, max_tokens: int, seed: int,
               on_progress: ProgressFn | None = None, on_piece: PieceFn | None = None,
-              cancel: CancelFn | None = None,
-              sampling: SamplingParams | None = None) -> ReplyResult:
+              cancel: CancelFn | None = None, sampling: SamplingParams | None = None,
+              overflow: Overflow = Overflow.STOP) -> ReplyResult:
         request_id = next(self._ids)
         self.process.preempt()
         self.process.send(GenerateRequest(
             request_id, 0, resume.id if resume is not None else -1,
             tuple(NodeView.of(node) for node in path),
-            NodeView.of(resume) if resume is not None else None, max_tokens, seed, sampling))
+            NodeView.of(resume) if resume is not None else None, max_tokens, seed, sampling,
+            overflow))
         stopped = False
         while True:
             if cancel is not None and not stopped and cancel():
@@ -115,11 +117,13 @@ class RemoteReplier:
                 case _:
                     pass
 
-    def warm(self, path: Sequence[Node]) -> tuple[ReplyReport | None, Rendered]:
+    def warm(self, path: Sequence[Node], *, max_tokens: int = 512,
+             overflow: Overflow = Overflow.STOP) -> tuple[ReplyReport | None, Rendered]:
         if not path:
             return None, ()
         self.process.send(WarmRequest(self.process.epoch(), 0,
-                                      tuple(NodeView.of(node) for node in path)))
+                                      tuple(NodeView.of(node) for node in path), max_tokens,
+                                      overflow))
         while True:
             match self._next():
                 case Warmed() as warmed:

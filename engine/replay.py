@@ -58,7 +58,7 @@ def replay(
             loaded = remote.load(str(path), EngineOptions(
                 settings, scenario.sampling, options, use_cache, scenario.template))
             session = Session(None, system=scenario.system, seed=scenario.seed,
-                              use_cache=use_cache, replier=remote)
+                              use_cache=use_cache, replier=remote, overflow=scenario.overflow)
             model_info, template, notices = dict(loaded.details), loaded.template_name, \
                 list(loaded.notices)
 
@@ -75,6 +75,7 @@ def replay(
                 runtime, system=scenario.system, sampling=scenario.sampling,
                 seed=scenario.seed, use_cache=use_cache, checkpoints=store,
                 checkpoint_interval=options.interval, template=scenario.template,
+                overflow=scenario.overflow,
             )
             assert session.generator is not None
             model_info, template, notices = runtime.report(), \
@@ -132,7 +133,7 @@ def run_step(session: Session, step: Step) -> StepReport:
                 assert step.message is not None
                 return session.rewind(tree.message(step.message).id)
             case Op.WARM:
-                return session.warm()
+                return session.warm(options)
             case Op.CONTINUE:
                 leaf = tree.node(tree.active_leaf)
                 if leaf.role is Role.USER:
@@ -184,7 +185,7 @@ def _store_report(stats: dict[str, Any] | None, options: CheckpointOptions) -> d
 
 # The figures of a step in the report, in this order; None where the step ran no model.
 _FIGURES = ("prompt_tokens", "reused_tokens", "decoded_tokens", "source", "checkpoint_pos",
-            "prefill_ms", "ttft_ms", "generated_tokens", "decode_ms")
+            "prefill_ms", "ttft_ms", "generated_tokens", "decode_ms", "dropped")
 
 
 def _step_dict(step: StepReport) -> dict[str, Any]:

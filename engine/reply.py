@@ -15,12 +15,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
+from engine.overflow import Overflow, read_part
 from engine.params import FinishReason, SamplingParams, Source
 from engine.tree import Node, Role
 
 if TYPE_CHECKING:
     from engine.generator import Generator
     from engine.runtime import PrepareReport
+
+CONTEXT_FROM = "context_from"  # reply meta: the first message it read after the system prompt
 
 CancelFn = Callable[[], bool]
 ProgressFn = Callable[[int, int], None]  # (tokens decoded so far, tokens to decode)
@@ -74,6 +77,7 @@ class ReplyReport:
     generated_tokens: int = 0
     decode_ms: float = 0.0
     finish: FinishReason | None = None
+    dropped: int = 0  # messages left out of the prompt (engine.overflow)
 
     @staticmethod
     def of_prepare(prepared: PrepareReport) -> ReplyReport:
@@ -90,6 +94,9 @@ class ReplyReport:
                   Source.NONE: "read from scratch"}[self.source]
         line = (f"{source}: {self.reused_tokens:,} of {self.prompt_tokens:,} tokens reused, "
                 f"{self.decoded_tokens:,} decoded in {self.prefill_ms / 1000:.2f} s")
+        if self.dropped:
+            line += (f"; {self.dropped} earlier message{'s' * (self.dropped != 1)} "
+                     f"outside the context")
         if self.finish is None:
             return line
         rate = self.generated_tokens / max(self.decode_ms / 1000, 1e-3)
@@ -135,27 +142,36 @@ def run_reply(
     on_piece: PieceFn | None = None,
     cancel: CancelFn | None = None,
     sampling: SamplingParams | None = None,
+    overflow: Overflow = Overflow.STOP,
 ) -> ReplyResult:
     """Answer the last node of `path` (or go on with `resume`, a reply to it).
 
-    The generation prompt is rendered once, for the reply's tokens. A stop during the
+    Under `Overflow.DROP_OLDEST` a path too long for the context is read without its oldest
+    messages (`engine.overflow`); the reply's meta names the first message read
+    (`CONTEXT_FROM`). The generation prompt is rendered once, for the reply's tokens. A stop
+    during the
     prepare raises `Cancelled` (nothing was said); a stop during generation returns what was
     said so far, finished as `FinishReason.CANCELLED`. Other errors propagate. Call
     `generator.after_reply()` once the result is delivered (it may spill checkpoints).
     """
     untokenized = {node.id for node in path if node.tokens is None}
-    prepared = generator.prepare(path, resume=resume, on_progress=on_progress,
+    cut = generator.fit(path, resume=resume, max_tokens=max_tokens, overflow=overflow)
+    read = read_part(path, cut)
+    prepared = generator.prepare(read, resume=resume, on_progress=on_progress,
                                  on_plan=on_plan, cancel=cancel)
     generation = generator.generate(
         max_tokens=max_tokens, seed=seed, cancel=cancel, sampling=sampling,
         on_token=(lambda _token, piece: on_piece(piece)) if on_piece is not None else None,
     )
     text = prepared.base_text + generation.text
-    finished = generator.reply_tokens(path, [*prepared.before, *generation.tokens], text)
+    finished = generator.reply_tokens(read, [*prepared.before, *generation.tokens], text)
     prep = prepared.report
     ttft = prep.prefill_ms + generation.ttft_ms if generation.ttft_ms is not None else None
     report = replace(ReplyReport.of_prepare(prep), ttft_ms=ttft,
                      generated_tokens=len(generation.tokens), decode_ms=generation.decode_ms,
-                     finish=generation.finish)
-    return ReplyResult(text, finished.tokens, tuple(finished.meta().items()),
+                     finish=generation.finish, dropped=cut.dropped)
+    meta = finished.meta()
+    if cut.dropped:
+        meta[CONTEXT_FROM] = path[cut.start].id
+    return ReplyResult(text, finished.tokens, tuple(meta.items()),
                        rendered(path, untokenized), report)

@@ -3,6 +3,7 @@
 ```
 {"model": "default" | "path/to/model.gguf", "n_ctx": 4096, "n_batch": 512, "seed": 42,
  "sampling": {"temperature": 0.0}, "system": "You are a helpful assistant.",
+ "overflow": "stop" | "drop-oldest",
  "steps": [{"op": "send", "text": "...", "max_tokens": 32}, ...]}
 ```
 Ops: send, regenerate, edit (message, text), switch (message, variant), rewind (message),
@@ -20,6 +21,7 @@ from typing import Any, cast
 from engine.errors import ArborError, printable
 from engine.formats import FormatError, read_regular
 from engine.formats.strict_json import loads_strict
+from engine.overflow import Overflow
 from engine.params import SamplingParams
 
 DEFAULT_MAX_TOKENS = 64
@@ -69,6 +71,7 @@ class Scenario:
     sampling: SamplingParams = field(default_factory=lambda: SamplingParams(temperature=0.0))
     system: str = ""
     template: str | None = None  # a chat template by name (engine.templates); None: automatic
+    overflow: Overflow = Overflow.STOP  # a branch longer than the context (engine.overflow)
     steps: tuple[Step, ...] = ()
     base_dir: Path | None = None  # relative model paths are resolved against the file
 
@@ -105,7 +108,7 @@ _REQUIRED: dict[Op, set[str]] = {
 }
 _TOP: dict[str, type | tuple[type, ...]] = {
     "model": str, "n_ctx": int, "n_batch": int, "seed": int, "sampling": dict,
-    "system": str, "template": str, "steps": list,
+    "system": str, "template": str, "overflow": str, "steps": list,
 }
 _SAMPLING: dict[str, type | tuple[type, ...]] = {
     "temperature": (int, float), "top_k": int, "top_p": (int, float), "min_p": (int, float),
@@ -146,6 +149,10 @@ def parse_scenario(data: Any, *, base_dir: Path | None = None) -> Scenario:
     if not steps_raw:
         raise ScenarioError("scenario: `steps` is empty")
     steps = tuple(_parse_step(i, raw) for i, raw in enumerate(steps_raw))
+    overflow = data.get("overflow", Overflow.STOP.value)
+    if overflow not in set(Overflow):
+        raise ScenarioError(f"scenario: `overflow` must be one of "
+                            f"{', '.join(o.value for o in Overflow)}, not {printable(overflow)}")
     return Scenario(
         model=data.get("model", "default"),
         n_ctx=data.get("n_ctx", 4096),
@@ -154,6 +161,7 @@ def parse_scenario(data: Any, *, base_dir: Path | None = None) -> Scenario:
         sampling=sampling,
         system=data.get("system", ""),
         template=data.get("template"),
+        overflow=Overflow(overflow),
         steps=steps,
         base_dir=base_dir,
     )

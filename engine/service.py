@@ -249,7 +249,8 @@ class EngineService:
         path = [view.to_node() for view in request.path]
         untokenized = {node.id for node in path if node.tokens is None}
         try:
-            prepared = generator.warm(path, cancel=stale)
+            prepared = generator.warm(path, cancel=stale, max_tokens=request.max_tokens,
+                                      overflow=request.overflow)
         except Cancelled:
             log.debug("warm-up pre-empted")
             self._emit(skipped)
@@ -293,6 +294,7 @@ class EngineService:
                 max_tokens=request.max_tokens, seed=request.seed, on_plan=on_plan,
                 on_progress=on_progress, on_piece=on_piece,
                 cancel=self.control.stop_requested, sampling=request.sampling,
+                overflow=request.overflow,
             )
         except Cancelled:
             self._emit(_failed(request, ""))

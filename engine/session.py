@@ -15,6 +15,7 @@ from engine.checkpoints import DEFAULT_INTERVAL, CheckpointStore
 from engine.conversation import Change, Conversation, ReplyJob
 from engine.errors import Cancelled
 from engine.generator import Generator
+from engine.overflow import Overflow
 from engine.params import SamplingParams
 from engine.reply import (
     PieceFn,
@@ -62,10 +63,11 @@ class Replier(Protocol):
 
     def reply(self, path: Sequence[Node], *, resume: Node | None, max_tokens: int, seed: int,
               on_progress: ProgressFn | None = None, on_piece: PieceFn | None = None,
-              cancel: CancelFn | None = None,
-              sampling: SamplingParams | None = None) -> ReplyResult: ...
+              cancel: CancelFn | None = None, sampling: SamplingParams | None = None,
+              overflow: Overflow = Overflow.STOP) -> ReplyResult: ...
 
-    def warm(self, path: Sequence[Node]) -> tuple[ReplyReport | None, Rendered]:
+    def warm(self, path: Sequence[Node], *, max_tokens: int = 512,
+             overflow: Overflow = Overflow.STOP) -> tuple[ReplyReport | None, Rendered]:
         """Prepare `path` (see Generator.warm): what it did, and the tokens it rendered."""
 
     def forget(self, node_ids: Sequence[int]) -> None: ...
@@ -77,17 +79,18 @@ class LocalReplier:
 
     def reply(self, path: Sequence[Node], *, resume: Node | None, max_tokens: int, seed: int,
               on_progress: ProgressFn | None = None, on_piece: PieceFn | None = None,
-              cancel: CancelFn | None = None,
-              sampling: SamplingParams | None = None) -> ReplyResult:
+              cancel: CancelFn | None = None, sampling: SamplingParams | None = None,
+              overflow: Overflow = Overflow.STOP) -> ReplyResult:
         result = run_reply(self.generator, path, resume=resume, max_tokens=max_tokens,
                            seed=seed, on_progress=on_progress, on_piece=on_piece, cancel=cancel,
-                           sampling=sampling)
+                           sampling=sampling, overflow=overflow)
         self.generator.after_reply()
         return result
 
-    def warm(self, path: Sequence[Node]) -> tuple[ReplyReport | None, Rendered]:
+    def warm(self, path: Sequence[Node], *, max_tokens: int = 512,
+             overflow: Overflow = Overflow.STOP) -> tuple[ReplyReport | None, Rendered]:
         untokenized = {node.id for node in path if node.tokens is None}
-        report = self.generator.warm(path)
+        report = self.generator.warm(path, max_tokens=max_tokens, overflow=overflow)
         done = ReplyReport.of_prepare(report) if report is not None else None
         return done, rendered(path, untokenized)
 
@@ -125,10 +128,13 @@ class Session:
         sink: Sink | None = None,
         template: str | None = None,
         replier: Replier | None = None,
+        overflow: Overflow = Overflow.STOP,
     ) -> None:
         """`replier`: replies come from there (the model's settings are its business) and
-        `runtime` is None; else a generator on `runtime` with these settings."""
+        `runtime` is None; else a generator on `runtime` with these settings. `overflow`:
+        what a reply does when the branch outgrows the context."""
         self.runtime = runtime
+        self.overflow = overflow
         self.sink = sink
         self.conversation = Conversation(tree if tree is not None else Tree(system))
         self.seed = seed
@@ -197,10 +203,12 @@ class Session:
     def activate(self, node_id: int) -> StepReport:
         return self._apply("activate", self.conversation.activate(node_id))
 
-    def warm(self) -> StepReport:
+    def warm(self, options: GenerationOptions | None = None) -> StepReport:
         """What the app does while the user reads: prepare the likely next prompt, so the
         next message decodes only itself (see Generator.warm)."""
-        report, tokens = self.replier.warm(self.conversation.warm_path())
+        max_tokens = (options or GenerationOptions()).max_tokens
+        report, tokens = self.replier.warm(self.conversation.warm_path(),
+                                           max_tokens=max_tokens, overflow=self.overflow)
         self._keep(self.conversation.adopt_tokens(tokens))
         return StepReport(op="warm", node_id=self.tree.active_leaf, report=report)
 
@@ -284,6 +292,7 @@ class Session:
             result = self.replier.reply(
                 start.path, resume=start.resume, max_tokens=options.max_tokens, seed=seed,
                 on_progress=options.on_progress, on_piece=on_piece, cancel=options.cancel,
+                overflow=self.overflow,
             )
         except BaseException:
             # Tokens rendered before the failure are the nodes' own from now on: keep them.
