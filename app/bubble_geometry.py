@@ -25,6 +25,7 @@ HEADER_GAP = 4  # between the header line and the text
 USER_WIDTH = 0.8  # user bubbles are at most this share of the width
 MIN_USER_WIDTH = 260
 ROLE_LABELS: dict[str, str] = {USER: "You", ASSISTANT: "Assistant"}
+DIVIDER_TEXT = "Earlier messages are outside the context"
 
 
 @dataclass(frozen=True)
@@ -48,12 +49,15 @@ def role_label(role: str) -> str:
 
 
 def markers(row: MessageRow) -> str:
-    """What the header says after the role: still streaming, interrupted, a checkpoint."""
+    """What the header says after the role: still streaming, interrupted, outside the
+    context, a checkpoint."""
     parts: list[str] = []
     if row.status == STREAMING:
         parts.append("…")
     elif row.status == INTERRUPTED:
         parts.append("· interrupted")
+    if row.outside:
+        parts.append("· outside the context")
     if row.checkpoint:
         parts.append(f"· ⚑ {row.checkpoint}")
     return " ".join(parts)
@@ -80,6 +84,12 @@ def text_width(role: str, item_width: int) -> int:
 def header_height(metrics: QFontMetrics) -> int:
     """The header line's height (also the switcher's arrows' size)."""
     return metrics.height() + 2
+
+
+def divider_height(font: QFont, row: MessageRow) -> int:
+    """The band above the first message the last reply read after leaving older ones out
+    (`DIVIDER_TEXT`); 0 for every other message."""
+    return QFontMetrics(font).height() + 2 * MARGIN_V if row.context_starts else 0
 
 
 def frame_height(font: QFont) -> int:
@@ -110,8 +120,9 @@ def bubble_geometry(
         width = min(widest, max(ideal_width, header_w) + 2 * PADDING)
     else:
         width = widest
-    top = rect.top() + MARGIN_V
-    height = rect.height() - 2 * MARGIN_V
+    divider = divider_height(font, row)
+    top = rect.top() + MARGIN_V + divider
+    height = rect.height() - 2 * MARGIN_V - divider
     right = rect.right() - MARGIN_H
     left = right - width + 1 if row.role == USER else rect.left() + MARGIN_H
     bubble = QRect(left, top, width, height)

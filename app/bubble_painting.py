@@ -22,12 +22,20 @@ from PySide6.QtGui import (
     QTextDocument,
 )
 
-from app.bubble_geometry import BubbleGeometry, markers, role_label
+from app.bubble_geometry import (
+    DIVIDER_TEXT,
+    MARGIN_H,
+    MARGIN_V,
+    BubbleGeometry,
+    markers,
+    role_label,
+)
 from app.chat_model import INTERRUPTED, USER, MessageRow
 from app.message_documents import mix
 from app.version_switcher import paint_switcher
 
 RADIUS = 9.0  # the bubble's corners
+OUTSIDE_OPACITY = 0.55  # a message the last reply no longer read
 _LEFT_MIDDLE = Qt.AlignmentFlag.AlignLeft | Qt.AlignmentFlag.AlignVCenter
 
 
@@ -119,3 +127,27 @@ def paint_text(
     context.clip = visible.translated(-origin)
     painter.setClipRect(QRectF(geometry.bubble).translated(-origin), Qt.ClipOperation.IntersectClip)
     doc.documentLayout().draw(painter, context)
+
+
+def paint_divider(painter: QPainter, item: QRect, bubble_top: int, font: QFont,
+                  colour: QColor) -> None:
+    """The band above the first message the last reply read when the context was full: a
+    rule with `DIVIDER_TEXT` in its middle, across the item."""
+    metrics = QFontMetrics(font)
+    text_w = metrics.horizontalAdvance(DIVIDER_TEXT)
+    band = QRect(item.left() + MARGIN_H, item.top(), item.width() - 2 * MARGIN_H,
+                 bubble_top - MARGIN_V - item.top())
+    middle = band.center().y()
+    gap = 8
+    painter.save()
+    painter.setFont(font)
+    painter.setPen(QPen(colour, 1, Qt.PenStyle.DashLine))
+    left_end = band.center().x() - text_w // 2 - gap
+    right_start = band.center().x() + text_w // 2 + gap
+    if left_end > band.left():
+        painter.drawLine(band.left(), middle, left_end, middle)
+        painter.drawLine(right_start, middle, band.right(), middle)
+    painter.setPen(colour)
+    painter.drawText(band, Qt.AlignmentFlag.AlignCenter,
+                     metrics.elidedText(DIVIDER_TEXT, Qt.TextElideMode.ElideRight, band.width()))
+    painter.restore()

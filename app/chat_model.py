@@ -41,7 +41,8 @@ from PySide6.QtGui import QKeySequence, QTextDocument
 from app.actions import spec
 from app.code_blocks import fences
 from engine.reasoning import Reasoning, ReasoningState, split_reasoning
-from engine.tree import Tree
+from engine.reply import LEFT_OUT
+from engine.tree import Node, NodeStatus, Role, Tree
 
 log = logging.getLogger(__name__)
 
@@ -72,6 +73,10 @@ class MessageRow:
     # The user's choice for the reply's reasoning: shown (True), folded (False), or None:
     # shown while only reasoning has come, folded once the answer has started.
     reasoning_shown: bool | None = None
+    # The last reply of the branch left this message out: the context was full
+    # (engine.overflow). `context_starts`: the first message it read after them.
+    outside: bool = False
+    context_starts: bool = False
 
 
 def reasoning_of(row: MessageRow) -> Reasoning | None:
@@ -119,7 +124,9 @@ def rows_from_tree(tree: Tree, checkpoints: Mapping[int, str] | None = None) -> 
     """
     rows: list[MessageRow] = []
     marks = checkpoints or {}
-    for node in tree.messages():
+    messages = tree.messages()
+    first_read = context_start(messages)
+    for index, node in enumerate(messages):
         siblings = tree.siblings(node.id)
         rows.append(
             MessageRow(
@@ -131,9 +138,22 @@ def rows_from_tree(tree: Tree, checkpoints: Mapping[int, str] | None = None) -> 
                 variants=len(siblings),
                 checkpoint=marks.get(node.id),
                 created=node.created,
+                outside=index < first_read,
+                context_starts=0 < index == first_read,
             )
         )
     return rows
+
+
+def context_start(messages: Sequence[Node]) -> int:
+    """The index of the first message the branch's last reply read (0: it read them all):
+    the reply counts in its meta the oldest messages it left out when the context was full."""
+    for index in range(len(messages) - 1, -1, -1):
+        node = messages[index]
+        if node.role is Role.ASSISTANT and node.status is not NodeStatus.STREAMING:
+            left_out = node.meta.get(LEFT_OUT)
+            return left_out if isinstance(left_out, int) and 0 < left_out < index else 0
+    return 0
 
 
 # --- the model ---------------------------------------------------------------------------
@@ -150,6 +170,8 @@ class ChatRole(IntEnum):
     VariantsRole = Qt.ItemDataRole.UserRole + 6
     CheckpointRole = Qt.ItemDataRole.UserRole + 7
     ReasoningShownRole = Qt.ItemDataRole.UserRole + 8  # the user's choice (None: automatic)
+    OutsideRole = Qt.ItemDataRole.UserRole + 9  # left out of the last reply's context
+    ContextStartsRole = Qt.ItemDataRole.UserRole + 10  # the first message it read after them
 
 
 _ROLE_FIELDS: dict[int, str] = {
@@ -161,6 +183,8 @@ _ROLE_FIELDS: dict[int, str] = {
     ChatRole.VariantsRole: "variants",
     ChatRole.CheckpointRole: "checkpoint",
     ChatRole.ReasoningShownRole: "reasoning_shown",
+    ChatRole.OutsideRole: "outside",
+    ChatRole.ContextStartsRole: "context_starts",
 }
 
 _ROLE_NAMES: dict[int, bytes] = {
@@ -172,6 +196,8 @@ _ROLE_NAMES: dict[int, bytes] = {
     ChatRole.VariantsRole: b"variants",
     ChatRole.CheckpointRole: b"checkpoint",
     ChatRole.ReasoningShownRole: b"reasoningShown",
+    ChatRole.OutsideRole: b"outside",
+    ChatRole.ContextStartsRole: b"contextStarts",
 }
 
 _DISPLAY = int(Qt.ItemDataRole.DisplayRole)
@@ -180,7 +206,8 @@ _ACCESSIBLE_DESCRIPTION = int(Qt.ItemDataRole.AccessibleDescriptionRole)
 _TOOLTIP = int(Qt.ItemDataRole.ToolTipRole)  # the message's time, on hover
 
 # What the accessible texts depend on.
-_SPOKEN_FIELDS = ("role", "text", "status", "variant", "variants", "reasoning_shown")
+_SPOKEN_FIELDS = ("role", "text", "status", "variant", "variants", "reasoning_shown",
+                  "outside")
 
 _SPEAKERS = {USER: "You", ASSISTANT: "Assistant"}
 
@@ -207,6 +234,8 @@ def accessible_text(row: MessageRow) -> str:
         parts.append("still writing")
     elif row.status == INTERRUPTED:
         parts.append("interrupted")
+    if row.outside:
+        parts.append("outside the context, the model no longer reads it")
     split = reasoning_of(row)
     if split is None:
         return f"{', '.join(parts)}: {spoken_text(row.text)}"

@@ -2,7 +2,9 @@
 
 Arbor knows the exact tokens of every node it has rendered; a node not rendered yet (a
 message just typed, a branch never prepared) is estimated from its text and the gauge says
-"about". Past WARN_AT of the context the gauge warns that the next message may not fit."""
+"about". Past WARN_AT of the context the gauge warns that the next message may not fit;
+when the conversation leaves its oldest messages out instead (engine.overflow), the gauge
+shows what the next reply reads and how many messages it leaves out."""
 
 from __future__ import annotations
 
@@ -12,7 +14,8 @@ from PySide6.QtCore import QObject, Slot
 from PySide6.QtWidgets import QProgressBar
 
 from app.controller import ChatController
-from engine.tree import Node
+from engine.overflow import Overflow, fit, reply_room
+from engine.tree import Node, Role
 
 WARN_AT = 0.85
 CHARS_PER_TOKEN = 3  # for text not rendered yet: an over-estimate on English, on purpose
@@ -20,25 +23,38 @@ CHARS_PER_TOKEN = 3  # for text not rendered yet: an over-estimate on English, o
 
 @dataclass(frozen=True)
 class Fill:
-    tokens: int
+    tokens: int  # what the model reads of the branch
     n_ctx: int
     exact: bool  # every node of the branch has its tokens
+    dropped: int = 0  # oldest messages left out (Overflow.DROP_OLDEST)
+    total: int = 0  # the whole branch's tokens, read or not
 
     @property
     def warn(self) -> bool:
-        return self.tokens >= WARN_AT * self.n_ctx
+        """The next message may not fit. Never when the oldest are left out: the next
+        reply leaves more out instead."""
+        return self.tokens >= WARN_AT * self.n_ctx and not self.dropping
+
+    @property
+    def dropping(self) -> bool:
+        return self.dropped > 0
 
 
-def branch_fill(path: list[Node], n_ctx: int) -> Fill:
-    tokens = 0
+def branch_fill(path: list[Node], n_ctx: int, *, overflow: Overflow = Overflow.STOP,
+                max_tokens: int = 512) -> Fill:
+    """How much of the context the branch `path` takes, as the next reply will read it
+    (engine.overflow: the same cut the engine makes, on the nodes' own tokens)."""
+    lengths: list[int] = []
     exact = True
     for node in path:
         if node.tokens is not None:
-            tokens += len(node.tokens)
+            lengths.append(len(node.tokens))
         else:
             exact = False
-            tokens += -(-len(node.text) // CHARS_PER_TOKEN)
-    return Fill(tokens, n_ctx, exact)
+            lengths.append(-(-len(node.text) // CHARS_PER_TOKEN))
+    cut = fit(lengths, [node.role is Role.USER for node in path], tail=0, n_ctx=n_ctx,
+              room=reply_room(n_ctx, max_tokens), policy=overflow)
+    return Fill(cut.tokens, n_ctx, exact, cut.dropped, sum(lengths))
 
 
 class ContextGauge(QObject):
@@ -47,7 +63,7 @@ class ContextGauge(QObject):
         self.controller = controller
         self.bar = bar
         bar.setObjectName("context-gauge")
-        bar.setMaximumWidth(220)
+        bar.setMaximumWidth(300)
         bar.setTextVisible(True)
         self.fill: Fill | None = None
         replies = controller.replies
@@ -63,7 +79,9 @@ class ContextGauge(QObject):
             self.fill = None
             self.bar.setVisible(False)
             return
-        fill = branch_fill(self.controller.tree.active_path(), model.n_ctx)
+        settings = self.controller.overrides().apply(self.controller.settings)
+        fill = branch_fill(self.controller.tree.active_path(), model.n_ctx,
+                           overflow=settings.overflow, max_tokens=settings.max_tokens)
         self.fill = fill
         self.bar.setVisible(True)
         self.bar.setRange(0, fill.n_ctx)
@@ -72,6 +90,14 @@ class ContextGauge(QObject):
         self.bar.setFormat(f"context {about}{fill.tokens:,} / {fill.n_ctx:,}")
         tip = (f"This branch holds {about}{fill.tokens:,} of the {fill.n_ctx:,} tokens the "
                f"context has.")
+        if fill.dropping:
+            left = f"{fill.dropped} earlier message{'s' * (fill.dropped != 1)}"
+            self.bar.setFormat(f"context {about}{fill.tokens:,} / {fill.n_ctx:,} · "
+                               f"{fill.dropped} left out")
+            tip = (f"The branch is {about}{fill.total:,} tokens, more than the {fill.n_ctx:,} "
+                   f"the context has: the model reads the system prompt and the newest "
+                   f"{about}{fill.tokens:,} tokens, and leaves the {left} before them out "
+                   f"(they stay in the conversation). Conversation settings choose this.")
         if fill.warn:
             tip += (" The next message may not fit: start a new branch earlier, or load the "
                     "model with a larger context (Settings).")

@@ -1,5 +1,6 @@
-"""A conversation's own settings: sampling, reply length and model, each either the default
-(shown, so the user sees what they would change) or the conversation's own value.
+"""A conversation's own settings: sampling, reply length, what happens when it outgrows the
+context, and model, each either the default (shown, so the user sees what they would change)
+or the conversation's own value.
 
 The dialog edits a copy; the owner saves what `chosen()` returns (see engine.overrides).
 """
@@ -25,10 +26,14 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from engine.overflow import Overflow
 from engine.overrides import Overrides
 from engine.settings import Settings
 
 SEED_DEFAULT, SEED_RANDOM, SEED_FIXED = range(3)
+OVERFLOW_TIP = ("When the branch no longer fits the context: stop with a message, or leave the "
+                "oldest messages after the system prompt out (they stay in the conversation, "
+                "marked in the chat; the model no longer reads them).")
 
 
 class ConversationSettingsDialog(QDialog):
@@ -55,6 +60,16 @@ class ConversationSettingsDialog(QDialog):
         self.own_max_tokens = self._row(form, "Longest reply", self.max_tokens,
                                         overrides.max_tokens is not None,
                                         f"{defaults.max_tokens} tokens")
+
+        self.overflow = QComboBox()
+        self.overflow.setAccessibleName("When the context is full")
+        self.overflow.addItem(f"Default ({defaults.overflow.label.lower()})", None)
+        for policy in Overflow:
+            self.overflow.addItem(policy.label, policy)
+        self.overflow.setToolTip(OVERFLOW_TIP)
+        if overrides.overflow is not None:
+            self.overflow.setCurrentIndex(self.overflow.findData(overrides.overflow))
+        form.addRow("When the context is full", self.overflow)
 
         self.seed_mode = QComboBox()
         default_seed = ("a new one for every reply" if defaults.seed is None
@@ -131,6 +146,7 @@ class ConversationSettingsDialog(QDialog):
         for box in (self.own_temperature, self.own_top_p, self.own_max_tokens):
             box.setChecked(False)
         self.seed_mode.setCurrentIndex(SEED_DEFAULT)
+        self.overflow.setCurrentIndex(0)
         self.model.setCurrentIndex(0)
 
     def _browse(self) -> None:
@@ -155,5 +171,6 @@ class ConversationSettingsDialog(QDialog):
             max_tokens=self.max_tokens.value() if self.own_max_tokens.isChecked() else None,
             seed=self.seed.value() if mode == SEED_FIXED else None,
             random_seed=mode == SEED_RANDOM,
+            overflow=self.overflow.currentData(),
             model=model if isinstance(model, str) else None,
         )

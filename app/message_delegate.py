@@ -58,8 +58,15 @@ from PySide6.QtWidgets import (
 from app import bubble_geometry as bubble
 from app import bubble_painting, code_strips
 from app.actions import spec
-from app.bubble_geometry import bubble_geometry, frame_height
-from app.bubble_painting import bubble_colours, paint_bubble, paint_header, paint_text
+from app.bubble_geometry import bubble_geometry, divider_height, frame_height
+from app.bubble_painting import (
+    OUTSIDE_OPACITY,
+    bubble_colours,
+    paint_bubble,
+    paint_divider,
+    paint_header,
+    paint_text,
+)
 from app.chat_model import (
     COMPLETE,
     STREAMING,
@@ -98,6 +105,12 @@ def _text_key(row: MessageRow) -> int:
     if row.reasoning_shown is None:
         return hash(row.text)
     return hash((row.text, row.reasoning_shown))
+
+
+def _height_key(row: MessageRow, item_width: int) -> tuple[int, int, int]:
+    """What a row's height depends on: its document's key, the divider above it, the width."""
+    shape = _text_key(row) if not row.context_starts else hash((_text_key(row), True))
+    return (row.node_id, shape, item_width)
 
 
 def _key_text(action: str) -> str:
@@ -206,14 +219,15 @@ class MessageDelegate(EditingDelegate):
         `QListView` asks every row for its size on each relayout (every streamed token), so
         this is the hot path: a hit is one dict lookup and no Qt call.
         """
-        key = (row.node_id, _text_key(row), item_width)
+        key = _height_key(row, item_width)
         height = self._heights.get(key)
         if height is not None:
             self._heights.move_to_end(key)
             return height
         font = font if font is not None else self._font()
         doc = self.document(row, self.text_width(row.role, item_width), font)
-        height = self._frame_height(font) + math.ceil(doc.size().height())
+        height = (self._frame_height(font) + divider_height(font, row)
+                  + math.ceil(doc.size().height()))
         remember(self._heights, self._latest_height, key, height, self.height_cache_limit)
         return height
 
@@ -370,7 +384,7 @@ class MessageDelegate(EditingDelegate):
         width = self._item_width(option)
         if self._edit is not None and row.node_id == self._edit.node_id:
             return QSize(width, self._editing_height(option, self._edit.height))
-        key = (row.node_id, _text_key(row), width)
+        key = _height_key(row, width)
         height = self._heights.get(key)
         if height is None:
             height = self._item_height(row, width, QFont(option.font))
@@ -396,6 +410,10 @@ class MessageDelegate(EditingDelegate):
 
         painter.save()
         painter.setRenderHint(QPainter.RenderHint.Antialiasing, True)
+        if row.context_starts:
+            paint_divider(painter, option.rect, geometry.bubble.top(), font, colours.dim)
+        if row.outside:
+            painter.setOpacity(OUTSIDE_OPACITY)  # the model no longer reads it
         paint_bubble(painter, geometry.bubble, palette, colours.fill, selected)
         paint_header(painter, geometry, row, font, palette, colours)
         if doc is None:  # being edited: the editor shows the text

@@ -20,6 +20,7 @@ from PySide6.QtCore import QObject, QTimer, Signal, Slot
 from app.engine_client import EngineClient
 from engine.conversation import Change, ReplyStart
 from engine.errors import ArborError
+from engine.overflow import Overflow
 from engine.protocol import (
     EngineDied,
     EngineStarted,
@@ -123,6 +124,7 @@ class Replies(QObject):
         self._warmed_path: tuple[int, ...] | None = None  # what the last warm-up prepared
         self._warm_timer = QTimer(self, singleShot=True, interval=WARM_DELAY_MS)
         self._warm_timer.timeout.connect(self._warm_now)
+        self._warming = True  # False once the window closes
         engine.received.connect(self.on_event)
 
     # --- requests ----------------------------------------------------------------------------
@@ -192,6 +194,7 @@ class Replies(QObject):
             max_tokens=settings.max_tokens,
             seed=conversation.reply_seed(settings.seed),
             sampling=None if overrides.is_default else settings.sampling(),
+            overflow=settings.overflow,
         ))
         self.prepare_started = time.monotonic()
         self.streaming_changed.emit()
@@ -350,7 +353,14 @@ class Replies(QObject):
             return
         self.interrupt(streaming)
         self._end_reply()
-        self.reply_failed.emit(failed.message)
+        message = failed.message
+        settings = self.controller.overrides(streaming.conversation_id).apply(
+            self.controller.settings)
+        if failed.overflow is not None and settings.overflow is Overflow.STOP:
+            message += (". Or let Arbor leave the oldest messages out when the context is "
+                        "full: Edit > Conversation settings, or Settings for every "
+                        "conversation.")
+        self.reply_failed.emit(message)
 
     def interrupt(self, streaming: Streaming) -> None:
         """Keep what a reply said as interrupted (it can be continued), or take it back."""
@@ -408,8 +418,13 @@ class Replies(QObject):
     # --- warm-ups: the likely next prompt, prepared while the user reads ----------------------
 
     def schedule_warm(self) -> None:
-        if self.model is not None and self.streaming is None:
+        if self.model is not None and self.streaming is None and self._warming:
             self._warm_timer.start()
+
+    def stop_warming(self) -> None:
+        """No warm-up from now on (the window is closing: the store is about to close)."""
+        self._warm_timer.stop()
+        self._warming = False
 
     def start_editing(self, node_id: int) -> None:
         self.editing = node_id
@@ -418,7 +433,7 @@ class Replies(QObject):
     @Slot()
     def _warm_now(self) -> None:
         cid = self.controller.current
-        if self.model is None or self.streaming is not None or cid is None:
+        if self.model is None or self.streaming is not None or cid is None or not self._warming:
             return
         path = self.controller.conversations[cid].warm_path(self.editing)
         key = tuple(global_id(cid, node.id) for node in path)
@@ -426,8 +441,10 @@ class Replies(QObject):
             return
         self._warmed_path = key
         self.ready.emit(0)  # a "ready" shown was about another branch
+        settings = self.controller.overrides(cid).apply(self.controller.settings)
         self.engine.send(WarmRequest(self.engine.epoch(), cid,
-                                     tuple(_view(cid, node) for node in path)))
+                                     tuple(_view(cid, node) for node in path),
+                                     settings.max_tokens, settings.overflow))
 
     def _on_warmed(self, warmed: Warmed) -> None:
         if not warmed.done:

@@ -1,7 +1,8 @@
 """Render the main window with sample conversations into PNGs for the README: a branching
 conversation in the light and the dark theme (main-window, main-window-dark) and a reply with
-highlighted code blocks (code-blocks) and a reasoning model's replies, one with its reasoning
-folded and one unfolded (reasoning).
+highlighted code blocks (code-blocks), a reasoning model's replies, one with its reasoning
+folded and one unfolded (reasoning), and a conversation longer than its context, its oldest
+messages left out, with the context gauge (context).
 
     QT_QPA_PLATFORM=offscreen .venv/bin/python -m app.screenshots resources/screenshots
     QT_QPA_PLATFORM=offscreen .venv/bin/python -m app.screenshots resources/screenshots code-blocks
@@ -13,6 +14,9 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+
+CONTEXT_SHOT_N_CTX = 512
+CONTEXT_SHOT_REPLY = 64  # the longest reply, so the room kept for one
 
 SAMPLE = [
     ("user", "What makes oak trees live so long?"),
@@ -54,7 +58,35 @@ REASONING_SAMPLE = [
                   "Yes, **223 is prime**: none of 2, 3, 5, 7, 11 or 13 divides it, and "
                   "15 \u00d7 15 is already larger."),
 ]
-SHOTS = ("main-window", "code-blocks", "reasoning")
+LONG_SAMPLE = [
+    ("user", "Where does the Danube begin, and which countries does it flow through?"),
+    ("assistant", "It begins in the **Black Forest** in Germany, where two streams, the Breg "
+                  "and the Brigach, meet at Donaueschingen. From there it runs east for about "
+                  "2,850 km through ten countries: Germany, Austria, Slovakia, Hungary, "
+                  "Croatia, Serbia, Romania, Bulgaria, Moldova and Ukraine, more than any "
+                  "other river in the world, before it reaches the Black Sea."),
+    ("user", "Which capitals stand on it?"),
+    ("assistant", "Four: **Vienna**, **Bratislava**, **Budapest** and **Belgrade**. "
+                  "Bratislava and Vienna are the two closest capitals in Europe, about 55 km "
+                  "apart, and both grew up around crossings of the river. Budapest was two "
+                  "towns, Buda and Pest, on either bank until 1873."),
+    ("user", "How do ships get past the Iron Gates?"),
+    ("assistant", "Through the locks of two dams, **Iron Gate I** and **Iron Gate II**, built "
+                  "by Romania and Yugoslavia in the 1970s and 1980s. Before the dams the gorge "
+                  "was one of the most dangerous stretches of river in Europe: rapids, rocks "
+                  "and whirlpools, and a canal with a railway that towed ships upstream."),
+    ("user", "What lives in the delta?"),
+    ("assistant", "More than 300 species of birds, among them the largest colony of **white "
+                  "pelicans** in Europe, and about 45 species of freshwater fish. The reed beds "
+                  "are among the largest on Earth, and the whole delta is a UNESCO World "
+                  "Heritage Site and a biosphere reserve."),
+    ("user", "Is the delta growing or shrinking?"),
+    ("assistant", "Mostly **shrinking** at its sea front: the dams upstream hold back much of "
+                  "the sediment the river used to carry, so the waves now take more of the "
+                  "coast than the river brings. Some arms, like the Chilia, still push new "
+                  "land into the sea."),
+]
+SHOTS = ("main-window", "code-blocks", "reasoning", "context")
 
 
 def main(argv: list[str]) -> int:
@@ -67,12 +99,16 @@ def main(argv: list[str]) -> int:
     os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
     os.environ["ARBOR_HOME"] = tempfile.mkdtemp(prefix="arbor-shots-")
     from PySide6.QtCore import QEventLoop, QTimer
-    from PySide6.QtWidgets import QApplication
+    from PySide6.QtWidgets import QAbstractItemView, QApplication
 
+    from app.context_gauge import branch_fill
     from app.main_window import MainWindow
     from app.theme import apply_theme
     from engine.model import default_model_path
-    from engine.settings import Theme
+    from engine.overflow import Overflow
+    from engine.overrides import Overrides
+    from engine.reply import LEFT_OUT
+    from engine.settings import Settings, Theme
     from engine.store import Store
     from engine.tree import Role, Tree
 
@@ -93,9 +129,19 @@ def main(argv: list[str]) -> int:
     for role, text in REASONING_SAMPLE:
         reasoning.add_child(reasoning.active_leaf, Role(role), text)
     reasoning_id = store.create(reasoning, title="Is 221 prime?")
-    store.create(Tree(), title="Rivers and deltas")
+    long = Tree("You are a geographer.")
+    for role, text in LONG_SAMPLE:
+        long.add_child(long.active_leaf, Role(role), text)
+    # The last reply left out what the gauge's own cut leaves out of the path it answered.
+    left_out = branch_fill(long.active_path()[:-1], CONTEXT_SHOT_N_CTX,
+                           overflow=Overflow.DROP_OLDEST, max_tokens=CONTEXT_SHOT_REPLY).dropped
+    long.node(long.active_leaf).meta[LEFT_OUT] = left_out
+    long_id = store.create(long, title="The Danube, source to delta")
+    store.set_settings(long_id, Overrides(overflow=Overflow.DROP_OLDEST).write({}))
     store.create(tree, title="Why oaks live long")
-    window = MainWindow(store=store)
+    # A small context, so that the long conversation outgrows it (the "context" shot).
+    window = MainWindow(store=store, settings=Settings(n_ctx=CONTEXT_SHOT_N_CTX,
+                                                       max_tokens=CONTEXT_SHOT_REPLY))
     window.resize(1280, 760)
     window.show()
     loop = QEventLoop()
@@ -126,6 +172,15 @@ def main(argv: list[str]) -> int:
         app.processEvents()
         window.grab().save(str(out / "reasoning.png"))
         saved.append(out / "reasoning.png")
+    if "context" in shots:
+        apply_theme(app, Theme.LIGHT)
+        window.controller.open_conversation(long_id)
+        app.processEvents()
+        window.chat.scrollTo(window.chat.model().index(left_out),
+                             QAbstractItemView.ScrollHint.PositionAtCenter)
+        app.processEvents()
+        window.grab().save(str(out / "context.png"))
+        saved.append(out / "context.png")
     window.close()
     print(*saved)
     return 0

@@ -26,6 +26,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.conversation_settings import OVERFLOW_TIP
+from engine.overflow import Overflow
 from engine.params import KV_TYPE_NAMES, FlashAttention
 from engine.settings import Effect, Settings, SettingsError, Theme, effect_of
 
@@ -84,6 +86,11 @@ class SettingsDialog(QDialog):
         self.seed = _spin(-1, 0x7FFFFFFF, -1 if current.seed is None else current.seed, "")
         self.seed.setSpecialValueText("a new one for every reply")
         self.max_tokens = _spin(1, 1 << 16, current.max_tokens, " tokens", step=128)
+        self.overflow = QComboBox()
+        for policy in Overflow:
+            self.overflow.addItem(policy.label, policy)
+        self.overflow.setCurrentIndex(list(Overflow).index(current.overflow))
+        self.overflow.setToolTip(OVERFLOW_TIP)
 
         self.api_server = QCheckBox("Serve the loaded model to other programs on this computer")
         self.api_server.setChecked(current.api_server)
@@ -116,6 +123,7 @@ class SettingsDialog(QDialog):
         sampling.addRow("Top-p", self.top_p)
         sampling.addRow("Seed", self.seed)
         sampling.addRow("Longest reply", self.max_tokens)
+        sampling.addRow("When the context is full", self.overflow)
         api = QFormLayout()
         api.addRow("Local API", self.api_server)
         api.addRow("Port", self.api_port)
@@ -146,7 +154,7 @@ class SettingsDialog(QDialog):
             spin.valueChanged.connect(self._update)
         for double in (self.temperature, self.top_p):
             double.valueChanged.connect(self._update)
-        for combo in (self.flash_attn, self.type_k, self.type_v, self.theme):
+        for combo in (self.flash_attn, self.type_k, self.type_v, self.theme, self.overflow):
             combo.currentIndexChanged.connect(self._update)
         self.disk_tier.toggled.connect(self._update)
         self.api_server.toggled.connect(self._update)
@@ -172,6 +180,7 @@ class SettingsDialog(QDialog):
             top_p=self.top_p.value(),
             seed=None if seed < 0 else seed,
             max_tokens=self.max_tokens.value(),
+            overflow=self.overflow.currentData(),
             theme=self.theme.currentData(),
             api_server=self.api_server.isChecked(),
             api_port=self.api_port.value(),

@@ -13,7 +13,7 @@ import secrets
 from dataclasses import dataclass, field
 
 from engine.params import FinishReason
-from engine.reply import CONTEXT_FROM, Rendered, ReplyResult
+from engine.reply import LEFT_OUT, Rendered, ReplyResult
 from engine.tree import Node, NodeStatus, Role, Tree, TreeError
 
 
@@ -140,7 +140,7 @@ class Conversation:
             return Change(nodes=tuple(changed), deleted=tuple(self.tree.delete_branch(reply_id)))
         reply.text = result.text
         reply.tokens = result.tokens
-        reply.meta.pop(CONTEXT_FROM, None)  # what this run read, not an earlier one
+        reply.meta.pop(LEFT_OUT, None)  # what this run read, not an earlier one
         reply.meta.update(dict(result.meta))
         reply.meta["finish"] = result.finish.value
         reply.status = (NodeStatus.INTERRUPTED if result.finish is FinishReason.CANCELLED

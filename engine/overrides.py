@@ -1,4 +1,5 @@
-"""A conversation's own settings over the defaults: its sampling, reply length and model.
+"""A conversation's own settings over the defaults: its sampling, reply length, what happens
+when it outgrows the context, and its model.
 
 They live in the conversation's `settings` JSON (under OVERRIDES), so they are saved with it,
 exported and imported with it, and survive a restart. Read leniently: a value that is not a
@@ -10,6 +11,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, fields, replace
 from typing import Any
 
+from engine.overflow import Overflow
 from engine.settings import Settings, SettingsError
 
 OVERRIDES = "overrides"
@@ -26,6 +28,7 @@ class Overrides:
     seed: int | None = None
     random_seed: bool = False
     max_tokens: int | None = None
+    overflow: Overflow | None = None  # when the branch outgrows the context
     model: str | None = None  # a model file's path: offered when the conversation opens
 
     @classmethod
@@ -51,6 +54,9 @@ class Overrides:
         if raw.get("random_seed") is True:
             kept["random_seed"] = True
             kept.pop("seed", None)
+        overflow = raw.get("overflow")
+        if isinstance(overflow, str) and overflow in set(Overflow):
+            kept["overflow"] = Overflow(overflow)
         model = raw.get("model")
         if isinstance(model, str) and model.strip():
             kept["model"] = model
@@ -71,7 +77,8 @@ class Overrides:
 
     def apply(self, defaults: Settings) -> Settings:
         """The settings a reply in this conversation uses."""
-        changes: dict[str, Any] = {name: getattr(self, name) for name in SAMPLING_FIELDS
+        changes: dict[str, Any] = {name: getattr(self, name)
+                                   for name in (*SAMPLING_FIELDS, "overflow")
                                    if getattr(self, name) is not None}
         if self.random_seed:
             changes["seed"] = None
@@ -87,6 +94,9 @@ class Overrides:
                     parts.append("a new seed per reply")
             elif f.name == "model" and value:
                 parts.append(f"model {value.rsplit('/', 1)[-1]}")
+            elif f.name == "overflow" and value is not None:
+                parts.append("oldest messages left out when full"
+                             if value is Overflow.DROP_OLDEST else "stop when full")
             elif value is not None:
                 parts.append(f"{f.name.replace('_', ' ')} {value:g}" if isinstance(value, float)
                              else f"{f.name.replace('_', ' ')} {value}")

@@ -23,7 +23,7 @@ if TYPE_CHECKING:
     from engine.generator import Generator
     from engine.runtime import PrepareReport
 
-CONTEXT_FROM = "context_from"  # reply meta: the first message it read after the system prompt
+LEFT_OUT = "left_out"  # reply meta: how many of the oldest messages it did not read
 
 CancelFn = Callable[[], bool]
 ProgressFn = Callable[[int, int], None]  # (tokens decoded so far, tokens to decode)
@@ -147,9 +147,8 @@ def run_reply(
     """Answer the last node of `path` (or go on with `resume`, a reply to it).
 
     Under `Overflow.DROP_OLDEST` a path too long for the context is read without its oldest
-    messages (`engine.overflow`); the reply's meta names the first message read
-    (`CONTEXT_FROM`). The generation prompt is rendered once, for the reply's tokens. A stop
-    during the
+    messages (`engine.overflow`); the reply's meta says how many it left out (`LEFT_OUT`).
+    The generation prompt is rendered once, for the reply's tokens. A stop during the
     prepare raises `Cancelled` (nothing was said); a stop during generation returns what was
     said so far, finished as `FinishReason.CANCELLED`. Other errors propagate. Call
     `generator.after_reply()` once the result is delivered (it may spill checkpoints).
@@ -172,6 +171,6 @@ def run_reply(
                      finish=generation.finish, dropped=cut.dropped)
     meta = finished.meta()
     if cut.dropped:
-        meta[CONTEXT_FROM] = path[cut.start].id
+        meta[LEFT_OUT] = cut.dropped  # a count, not ids: imports renumber nodes
     return ReplyResult(text, finished.tokens, tuple(meta.items()),
                        rendered(path, untokenized), report)

@@ -26,6 +26,7 @@ from engine.checkpoints import DEFAULT_INTERVAL
 from engine.errors import ArborError, printable
 from engine.formats import FormatError, read_regular
 from engine.formats.strict_json import loads_strict
+from engine.overflow import Overflow
 from engine.params import (
     KV_TYPE_NAMES,
     ContextParams,
@@ -97,6 +98,7 @@ class Settings:
     top_p: float = 0.95
     seed: int | None = None  # None: a new seed for every reply
     max_tokens: int = 512
+    overflow: Overflow = Overflow.STOP  # a branch longer than the context (engine.overflow)
     theme: Theme = Theme.SYSTEM
     model: str | None = None  # the model last loaded
     # The chat template chosen per model file (its path): a name from engine.templates.
@@ -115,6 +117,7 @@ class Settings:
         try:
             object.__setattr__(self, "flash_attn", FlashAttention(self.flash_attn))
             object.__setattr__(self, "theme", Theme(self.theme))
+            object.__setattr__(self, "overflow", Overflow(self.overflow))
         except ValueError as exc:
             raise SettingsError(str(exc)) from None
         problems = _problems(self)
@@ -188,8 +191,9 @@ def _model_key(model: str | Path) -> str:
 
 
 def _coerce(name: str, value: object, default: object) -> object:
-    if name in ("flash_attn", "theme"):
-        kind: type[StrEnum] = FlashAttention if name == "flash_attn" else Theme
+    if name in ("flash_attn", "theme", "overflow"):
+        kind: type[StrEnum] = {"flash_attn": FlashAttention, "theme": Theme,
+                               "overflow": Overflow}[name]
         names = [member.value for member in kind]
         if value not in names:
             raise ValueError(f"expected one of {', '.join(names)}, got {_shown(value)}")

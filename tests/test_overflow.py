@@ -17,7 +17,7 @@ from engine.errors import ContextOverflowError
 from engine.model import MemoryKind
 from engine.overflow import Overflow, cut_places, fit, read_part, reply_room
 from engine.replay import CacheMode, replay
-from engine.reply import CONTEXT_FROM
+from engine.reply import LEFT_OUT
 from engine.runtime import Runtime, RuntimeSettings
 from engine.scenario import ScenarioError, parse_scenario
 from engine.session import GenerationOptions, Session
@@ -189,7 +189,7 @@ def test_under_stop_the_same_conversation_stops_with_a_clear_message(
         replay(scenario, cache=CacheMode.CHECKPOINTS)
 
 
-def test_a_reply_names_the_first_message_it_read_and_the_tree_keeps_every_message(
+def test_a_reply_counts_the_messages_it_left_out_and_the_tree_keeps_every_message(
     tiny_models: dict[str, Path],
 ) -> None:
     runtime = Runtime(tiny_models["dense"], RuntimeSettings(n_ctx=256, n_batch=32))
@@ -206,13 +206,12 @@ def test_a_reply_names_the_first_message_it_read_and_the_tree_keeps_every_messag
     tree = session.tree
     reply = tree.node(tree.active_leaf)
     path = tree.active_path()
-    first_read = reply.meta[CONTEXT_FROM]
-    index = [n.id for n in path].index(first_read)
-    assert index == last.report.dropped + 1 and path[index].role is Role.USER
+    assert reply.meta[LEFT_OUT] == last.report.dropped
+    assert path[last.report.dropped + 1].role is Role.USER  # it read from a question on
     # Nothing was deleted: every question is still in the conversation.
     assert [n.text for n in tree.messages() if n.role is Role.USER] == QUESTIONS[:8]
     # A reply that left nothing out says nothing about it.
-    assert CONTEXT_FROM not in tree.node(path[2].id).meta
+    assert LEFT_OUT not in tree.node(path[2].id).meta
 
 
 def test_a_scenario_names_its_overflow_policy(tiny_models: dict[str, Path]) -> None:
