@@ -47,19 +47,23 @@ class Prepared:
 
 @dataclass(frozen=True)
 class ReplyTokens:
-    tokens: tuple[int, ...]  # generation prompt + generated tokens + the template's closing
-    open_len: int  # tokens before the closing: where a continuation starts
+    # As the template renders the reply in later turns (PromptBuilder.reply_tokens): mostly
+    # generation prompt + generated tokens + the template's closing.
+    tokens: tuple[int, ...]
+    # Tokens before the closing, where a continuation starts, when the tokens start with what
+    # the model read; None when the template rewrote the reply (its reasoning dropped): a
+    # continuation then reads the generation prompt and the reply's text.
+    open_len: int | None
     # Tokens of the generation prompt at the start, where the prompt that produced the reply
     # ended: a mark of the path's decode schedule (PromptBuilder.marks). None when the
-    # template re-rendered the reply.
+    # template re-rendered the reply without it.
     prompt_len: int | None = None
 
     def meta(self) -> dict[str, object]:
-        """What the reply node keeps of this (its `meta`)."""
-        out: dict[str, object] = {"open_len": self.open_len}
-        if self.prompt_len is not None:
-            out["prompt_len"] = self.prompt_len
-        return out
+        """What the reply node keeps of this (its `meta`). Both keys always, None included:
+        a continued reply's meta is updated with these, and an earlier run's values would
+        point into tokens they no longer describe."""
+        return {"open_len": self.open_len, "prompt_len": self.prompt_len}
 
 
 class Generator:
@@ -217,9 +221,11 @@ class Generator:
     ) -> ReplyTokens:
         opening = self.prompts.generation_prompt(path)  # rendered once for both uses
         tokens = self.prompts.reply_tokens(path, generated, text, opening=opening)
-        starts = tokens[: len(opening)] == opening
+        read = [*opening, *generated]
         return ReplyTokens(
-            tuple(tokens), len(opening) + len(generated), len(opening) if starts else None
+            tuple(tokens),
+            len(read) if tokens[: len(read)] == read else None,
+            len(opening) if tokens[: len(opening)] == opening else None,
         )
 
     def after_reply(self) -> None:

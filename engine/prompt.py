@@ -4,6 +4,12 @@ Each node keeps the tokens it was first rendered to (DESIGN.md, "Tokens belong t
 node's slice is what the template adds when that node is appended to its ancestors. A path's
 tokens are its nodes' tokens plus the generation prompt, so a path's prefix never changes when
 the conversation grows, whatever the template does to earlier turns.
+
+A reply is the one node a template may render differently once the conversation goes on
+(Qwen3's drops the reasoning of every reply before the last user message). Its tokens are fixed
+as the template renders it in those later turns, so a follow-up reads what the template would
+render for the whole conversation, and its prefix is still the stored path. A reply the template
+renders alike either way keeps what the model read and wrote.
 """
 
 from __future__ import annotations
@@ -162,12 +168,7 @@ class PromptBuilder:
         return self.path_tokens(path) + self.generation_prompt(path)
 
     def generation_prompt(self, path: Sequence[Node]) -> list[int]:
-        messages = _messages(path)
-        with_prompt = self._template.render(messages, add_generation_prompt=True)
-        without = self._template.render(messages, add_generation_prompt=False)
-        if not with_prompt.startswith(without):
-            log.warning("chat template: generation prompt is not a suffix; using the difference")
-        return self._tok.tokenize(with_prompt[_common_prefix_len(with_prompt, without):])
+        return self._tok.tokenize(self._generation_prompt_text(path))
 
     def reply_tokens(
         self,
@@ -177,17 +178,27 @@ class PromptBuilder:
         *,
         opening: Sequence[int] | None = None,
     ) -> list[int]:
-        """The tokens of a reply generated after `path`: exactly what the model produced.
+        """The tokens of a reply generated after `path`: what the template renders for it in
+        every later turn.
 
-        The generation prompt (`opening`, when the caller has rendered it already) and the
-        generated tokens are kept as they were, followed by the template's closing text
-        (e.g. `<|im_end|>\\n`), so the live cache after a reply is a prefix of the next
-        prompt, even for recurrent models.
+        Mostly that is exactly what the model produced: the generation prompt (`opening`,
+        when the caller has rendered it already) and the generated tokens as they were,
+        followed by the template's closing text (e.g. `<|im_end|>\\n`), so the live cache after
+        a reply is a prefix of the next prompt, even for recurrent models. Generated tokens
+        are kept rather than the text tokenized again, which could split it differently.
+
+        A template that renders the reply otherwise once a message follows it (Qwen3's drops
+        its reasoning) gets that rendering, tokenized: the reply's later turns read it so, and
+        keeping what the model read would put the dropped reasoning into every later prompt.
+        The generation prompt usually starts it, so the prompt-end checkpoint still serves.
         """
+        reply = Node(id=-1, parent=None, role=Role.ASSISTANT, text=text, created=0.0)
         if self._reply_frame is None:
-            reply = Node(id=-1, parent=None, role=Role.ASSISTANT, text=text, created=0.0)
             return self._render_node([*path, reply], len(path))
         closing = self._reply_frame[1]
+        later = self._later_reply_text(path, reply)
+        if later is not None and later != self._generation_prompt_text(path) + text + closing:
+            return self._tok.tokenize(later)
         start = list(opening) if opening is not None else self.generation_prompt(path)
         return start + list(generated) + self._tok.tokenize(closing)
 
@@ -196,19 +207,62 @@ class PromptBuilder:
         open_len = reply.meta.get("open_len")
         if reply.tokens is not None and isinstance(open_len, int) and self._reply_frame:
             return list(reply.tokens[:open_len])
-        # Imported or edited replies: the generation prompt and the text as the model writes it.
+        # Imported or edited replies, and replies stored as the template renders them later
+        # (no `open_len`: their tokens lack what the model read, e.g. the reasoning): the
+        # generation prompt and the text as the model writes it.
         return self.generation_prompt(path) + self._tok.tokenize(reply.text)
 
     # --- internals ---------------------------------------------------------------------
 
     def _render_node(self, path: Sequence[Node], index: int) -> list[int]:
-        before = self._render_messages(path[:index])
-        after = self._render_messages(path[: index + 1])
-        cut = len(before) if after.startswith(before) else _rewritten_end(before, after)
-        tokens = self._tok.tokenize(after[cut:])
+        node = path[index]
+        later = (self._later_reply_text(path[:index], node)
+                 if node.role is Role.ASSISTANT else None)
+        if later is not None:
+            tokens = self._tok.tokenize(later)
+        else:
+            before = self._render_messages(path[:index])
+            after = self._render_messages(path[: index + 1])
+            # The template rewrote the earlier turns once this node followed them (a reply
+            # that holds its reasoning in its tokens: one given them before replies were
+            # stored as rendered later, or one the template's rewriting was not found for).
+            cut = len(before) if after.startswith(before) else _rewritten_end(before, after)
+            tokens = self._tok.tokenize(after[cut:])
         if index == 0 and self._tok.bos is not None and tokens[:1] != [self._tok.bos]:
             tokens.insert(0, self._tok.bos)
         return tokens
+
+    def _later_reply_text(self, path: Sequence[Node], reply: Node) -> str | None:
+        """How the template renders `reply` after `path` once a user message follows it,
+        when that differs from how it renders it as the last message; None when it does not,
+        or when the rewritten reply cannot be told apart from what follows it.
+
+        A probe user message stands for the next turn (the one after a reply is always a
+        user's). The reply's later rendering starts where `path`'s rendering ends (the
+        replies in `path` are rewritten there already) and ends where the probe's turn
+        starts, found as `_rewritten_end` finds where a node starts after rewritten turns.
+        """
+        probe = Node(id=-2, parent=None, role=Role.USER, text=_SENTINEL, created=0.0)
+        last = self._render_messages([*path, reply])
+        later = self._render_messages([*path, reply, probe])
+        if later.startswith(last):
+            return None  # rendered alike whatever follows it
+        before = self._render_messages(path)
+        end = _kept_tail_end(last, later)
+        if (end is None or not later.startswith(before) or end < len(before)
+                or _SENTINEL not in later[end:]):
+            log.warning("chat template rewrites a reply in later turns in a way not found; "
+                        "the reply keeps its tokens as the model read them")
+            return None
+        return later[len(before):end]
+
+    def _generation_prompt_text(self, path: Sequence[Node]) -> str:
+        messages = _messages(path)
+        with_prompt = self._template.render(messages, add_generation_prompt=True)
+        without = self._template.render(messages, add_generation_prompt=False)
+        if not with_prompt.startswith(without):
+            log.warning("chat template: generation prompt is not a suffix; using the difference")
+        return with_prompt[_common_prefix_len(with_prompt, without):]
 
     def _render_messages(self, path: Sequence[Node]) -> str:
         messages = _messages(path)
@@ -262,20 +316,30 @@ def _rewritten_end(before: str, after: str) -> int:
     Templates that drop the reasoning of earlier replies (Qwen3's, DeepSeek-R1's) cut the
     front of a reply's content and keep its end (the answer and the turn's closing text), so
     the earlier turns in `after` end as they end in `before`: they run up to the longest
-    stretch after the common prefix that `before` ends with. The new node is what follows;
-    the earlier nodes keep the tokens they were given (what the model actually read).
+    stretch after the common prefix that `before` ends with. The new node is what follows.
+    Still needed although replies are stored as rendered later: `before` renders the reply
+    before the new node as the last message, and replies stored before that, or imported
+    with their tokens, hold the reasoning they were read with.
     """
+    end = _kept_tail_end(before, after)
+    cut = _common_prefix_len(before, after)
+    if end is None:
+        log.warning("chat template rewrote earlier turns; node keeps only its new text")
+        return cut
+    log.info("chat template rewrote earlier turns (%d characters kept of %d); the new "
+             "node starts after them", end - cut, len(before) - cut)
+    return end
+
+
+def _kept_tail_end(before: str, after: str) -> int | None:
+    """Where the rewritten earlier turns end in `after` (see `_rewritten_end`): after the
+    common prefix, the longest stretch of `after` that `before` ends with; None if none."""
     cut = _common_prefix_len(before, after)
     rewritten, rest = before[cut:], after[cut:]
     last = rewritten[-1:]
     end = next((n for n in range(min(len(rewritten), len(rest)), 0, -1)
                 if rest[n - 1] == last and rewritten.endswith(rest[:n])), 0)
-    if end == 0:
-        log.warning("chat template rewrote earlier turns; node keeps only its new text")
-    else:
-        log.info("chat template rewrote earlier turns (%d characters kept of %d); the new "
-                 "node starts after them", end, len(rewritten))
-    return cut + end
+    return cut + end if end else None
 
 
 def _common_prefix_len(a: str, b: str) -> int:

@@ -3,27 +3,34 @@ a chat template that drops the reasoning of earlier replies (Qwen3's way).
 
 The tiny random models never write `<think>` themselves, so the reasoning replies here are
 given by construction: a reply edited to hold reasoning (what an imported reasoning reply
-is), next to replies the model generated (which the template also rewrites: Qwen3's wraps
-the last reply in an empty think block and drops it in later turns).
+is), or a scripted generation (the model really samples the first token, so the prompt-end
+checkpoint is taken as for any reply, and then "says" the scripted text), next to replies the
+model generated (which the template also rewrites: Qwen3's wraps the last reply in an empty
+think block and drops it in later turns). Every reply is stored as the template renders it in
+later turns, so each follow-up reads exactly the template's rendering of the conversation.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from engine.checkpoints import CheckpointStore
 from engine.formats.chatgpt import export_chatgpt, parse_chatgpt
 from engine.formats.markdown import export_markdown
 from engine.model import MemoryKind
-from engine.prompt import ChatTemplate, PromptBuilder, Tokenizer
+from engine.params import FinishReason
+from engine.prompt import CHATML_TEMPLATE, ChatTemplate, PromptBuilder, Tokenizer
 from engine.reasoning import ReasoningState, split_reasoning
 from engine.records import from_tree, to_tree
-from engine.runtime import Runtime, RuntimeSettings
+from engine.runtime import Generation, Runtime, RuntimeSettings
 from engine.session import GenerationOptions, Session
-from engine.tree import NodeStatus, Role, Tree
+from engine.tree import Node, NodeStatus, Role, Tree
 from tests.conftest import ALL_KINDS
 
 # A Qwen3-style template: the last reply after the last user message is rendered with its
@@ -103,31 +110,78 @@ def _char_builder() -> PromptBuilder:
                          Tokenizer(tokenize=lambda text: [ord(c) for c in text], bos=None))
 
 
-@pytest.mark.parametrize("reply", [
-    REASONED,
-    "<think>\nHmm.\n</think>\n\n<b>Hi</b>",  # the answer starts as the think block does
-    "Hello there!",  # no reasoning: the template still drops the empty block it gave it
-    "<think>\nCut short, Hello there!",  # reasoning that never ended
+def _messages(path: Sequence[Node]) -> list[dict[str, str]]:
+    return [{"role": node.role.value, "content": node.text} for node in path]
+
+
+def _chars(tokens: Sequence[int]) -> str:
+    return "".join(map(chr, tokens))
+
+
+UNCLOSED = "<think>\nCut short, Hello there!"
+
+
+@pytest.mark.parametrize(("reply", "how"), [
+    (REASONED, "generated"),
+    (REASONED, "edited"),
+    ("<think>\nHmm.\n</think>\n\n<b>Hi</b>", "generated"),  # the answer starts as the block
+    ("<think>\nHmm.\n</think>\n\n<b>Hi</b>", "edited"),
+    ("Hello there!", "edited"),  # no reasoning: the template still drops the block it gave it
+    (UNCLOSED, "edited"),  # reasoning that never ended
 ])
-def test_a_follow_up_after_reasoning_holds_the_reply_as_read_and_its_own_turn_once(
-    reply: str,
+def test_a_reply_is_stored_as_the_template_renders_it_in_later_turns(
+    reply: str, how: str
 ) -> None:
-    """The template drops the reasoning once a user message follows; the reply keeps the
-    tokens it had (what the model read and wrote), and the follow-up's tokens are its own
-    turn: not the answer again (the template's rewritten tail of the reply)."""
+    """The template drops the reasoning once a user message follows. The reply's tokens are
+    that rendering from the start, so the follow-up's prompt is the template's fresh
+    rendering of the whole conversation, its prefix is the path as it was before the
+    follow-up, and the reply still starts with the generation prompt (its prompt-end
+    checkpoint serves the follow-up)."""
     tree = Tree("Be kind.")
-    tree.add_child(tree.active_leaf, Role.USER, "Hi")
-    tree.add_child(tree.active_leaf, Role.ASSISTANT, reply)
+    user = tree.add_child(tree.active_leaf, Role.USER, "Hi")
     builder = _char_builder()
-    first = "".join(map(chr, builder.path_tokens(tree.active_path())))
+    path = tree.path_to(user.id)
+    node = tree.add_child(tree.active_leaf, Role.ASSISTANT, reply)
+    if how == "generated":
+        node.tokens = tuple(builder.reply_tokens(path, [ord(c) for c in reply], reply))
+    first = builder.path_tokens(tree.active_path())
     tree.add_child(tree.active_leaf, Role.USER, "Why?")
-    target = "".join(map(chr, builder.target(tree.active_path())))
-    assert target == first + "<|im_start|>user\nWhy?<|im_end|>\n<|im_start|>assistant\n"
-    assert target.count(reply.rsplit("\n", 1)[-1]) == 1  # the answer is read once
+    target = builder.target(tree.active_path())
+    fresh = ChatTemplate(DROPPING).render(_messages(tree.active_path()),
+                                          add_generation_prompt=True)
+    assert _chars(target) == fresh
+    assert target[: len(first)] == first
+    assert _chars(node.tokens or ()).startswith(_chars(builder.generation_prompt(path)))
+    assert "</think>" not in fresh and _chars(target).count(reply.rsplit("\n", 1)[-1]) == 1
 
 
-def _text(runtime: Runtime, tokens: tuple[int, ...]) -> str:
-    return b"".join(runtime.model.token_bytes(t, special=True) for t in tokens).decode()
+@pytest.mark.parametrize(("template", "reply"), [
+    (DROPPING, "Hello there!"),  # rendered alike before and after a later message
+    (DROPPING, UNCLOSED),  # the template keeps reasoning that never ended
+    (CHATML_TEMPLATE, REASONED),  # a template that keeps every reply as it is
+])
+def test_a_reply_the_template_keeps_as_it_is_keeps_the_tokens_the_model_wrote(
+    template: str, reply: str
+) -> None:
+    """A guard of what must not change (it passes before the later rendering, too): where
+    the later rendering is what the model read, the reply keeps its generated tokens (not
+    its text tokenized again, which a real tokenizer may split otherwise; 0x10FFFF stands for
+    a token the tokenizer would not give) and stays continuable from them."""
+    builder = PromptBuilder(ChatTemplate(template),
+                            Tokenizer(tokenize=lambda text: [ord(c) for c in text], bos=None))
+    tree = Tree("Be kind.")
+    user = tree.add_child(tree.active_leaf, Role.USER, "Hi")
+    path = tree.path_to(user.id)
+    generated = [0x10FFFF, *map(ord, reply)]
+    opening = builder.generation_prompt(path)
+    tokens = builder.reply_tokens(path, generated, reply)
+    assert tokens == [*opening, *generated, *map(ord, "<|im_end|>\n")]
+
+
+def _text(runtime: Runtime, tokens: Sequence[int]) -> str:
+    """What `tokens` read as (a reply cut short may end inside a character)."""
+    return b"".join(runtime.model.token_bytes(t, special=True) for t in tokens).decode(
+        errors="replace")
 
 
 @pytest.fixture(params=ALL_KINDS, ids=lambda kind: kind.value)
@@ -147,36 +201,142 @@ def dropping_runtimes(
         runtime.close()
 
 
+class Scripted:
+    """The next replies of a runtime's model, scripted: each really generates its first
+    tokens (so the prompt-end checkpoint is taken, and the context moves past the prompt, as
+    for any reply) and then "says" the next text given, as the tokens the model's tokenizer
+    gives it."""
+
+    def __init__(self, runtime: Runtime, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.texts: list[str] = []
+        real = runtime.generate
+
+        def generate(**kwargs: Any) -> Generation:
+            if not self.texts:
+                return real(**kwargs)
+            text = self.texts.pop(0)
+            first = real(**{**kwargs, "max_tokens": 3})
+            return replace(first, tokens=tuple(runtime.model.tokenize(text)), text=text,
+                           finish=FinishReason.LENGTH)
+
+        monkeypatch.setattr(runtime, "generate", generate)
+
+
+def _fresh(runtime: Runtime, path: Sequence[Node], *, add_generation_prompt: bool) -> list[int]:
+    """The template's rendering of the whole conversation from scratch, tokenized: what a
+    full reprocess that re-renders history would read."""
+    model = runtime.model
+    text = ChatTemplate(DROPPING, bos_text=model.bos_text, eos_text=model.eos_text).render(
+        _messages(path), add_generation_prompt=add_generation_prompt)
+    return ([] if model.bos is None else [model.bos]) + model.tokenize(text)
+
+
+def _prompt_of(session: Session, runtime: Runtime) -> list[int]:
+    """The prompt the active path's last reply was generated from, as its generator builds
+    it; it must read as the template's fresh rendering (as text: a generated reply keeps the
+    tokens the model wrote, which its text tokenized again may split otherwise)."""
+    path = session.tree.active_path()[:-1]
+    assert session.generator is not None
+    prompt = session.generator.prompts.target(path)
+    fresh = _fresh(runtime, path, add_generation_prompt=True)
+    assert _text(runtime, prompt) == _text(runtime, fresh)
+    return prompt
+
+
 def test_replies_after_reasoning_equal_a_full_reprocess_under_a_dropping_template(
-    dropping_runtimes: tuple[Runtime, Runtime],
+    dropping_runtimes: tuple[Runtime, Runtime], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    """Every follow-up after a reasoning reply (generated, continued, edited) reads the
+    template's fresh rendering of the conversation, and the cached session (warmed between
+    steps, as the app does) answers exactly as the full reprocess does."""
     cached_rt, reference_rt = dropping_runtimes
-    cached = Session(cached_rt, system="Be kind.", seed=5)
+    scripts = [Scripted(runtime, monkeypatch) for runtime in dropping_runtimes]
+    cached = Session(cached_rt, system="Be kind.", seed=5,
+                     checkpoints=CheckpointStore(cached_rt.identity()))
     reference = Session(reference_rt, system="Be kind.", seed=5, use_cache=False)
     assert cached.generator is not None and cached.generator.template.is_model_own
     options = GenerationOptions(max_tokens=8)
 
-    def both(step: str) -> None:
+    def both(step: str, *, said: str | None = None) -> None:
+        for script in scripts:
+            script.texts = [said] if said is not None else []
         mine, theirs = (_step(session, step, options) for session in (cached, reference))
         assert mine == theirs, f"{step}: the cached reply differs from the full reprocess"
+        assert [n.tokens for n in cached.tree.active_path()] == [
+            n.tokens for n in reference.tree.active_path()]
+        if step.startswith(("send", "regenerate")):
+            assert _prompt_of(cached, cached_rt) == _prompt_of(reference, reference_rt)
+        cached.warm(options)
 
-    both("send:Hi")  # a generated reply: the template gives it an empty think block
-    both("send:Go on")  # ... and drops it now
-    both("edit-reply:" + REASONED)  # a reasoning reply (as imported or edited)
+    both("send:Hi", said=REASONED)  # a generated reasoning reply
     both("send:Why?")  # its reasoning is dropped by the template from here on
+    both("send:Go on", said="<think>\nThe user wants more.")  # stopped while reasoning
+    both("continue", said="\n</think>\n\nHello there!")  # ... and finished
+    for session in (cached, reference):  # no stale `open_len` of the run that stopped
+        assert session.tree.messages()[-1].meta["open_len"] is None
+    both("continue")  # a reply stored as rendered later goes on from its text
+    both("send:And?")
+    both("edit-reply:" + REASONED)  # a reasoning reply (as imported or edited)
+    both("send:Then?")  # its reasoning is dropped too
     both("regenerate")
     both("send:And then?")
     for session, runtime in ((cached, cached_rt), (reference, reference_rt)):
         path = session.tree.active_path()
         text = "".join(_text(runtime, n.tokens or ()) for n in path)
-        assert text.count("Hello there!") == 1  # no turn holds another's text
-        assert text.count("<think>\nThe user greets me.") == 1  # the reply as the model read it
+        assert text.count("Hello there!") == 3  # each reply once, no turn another's text
+        assert "</think>" not in text  # every reply as the template renders it later
         for user in (n for n in path if n.role is Role.USER):  # after generated replies too
             own = f"<|im_start|>user\n{user.text}<|im_end|>\n"
             assert _text(runtime, user.tokens or ()) == own
-    assert [n.tokens for n in cached.tree.active_path()] == [
-        n.tokens for n in reference.tree.active_path()
-    ]
+
+
+def test_a_path_after_reasoning_replies_is_the_templates_fresh_rendering(
+    dropping_runtimes: tuple[Runtime, Runtime], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The stored tokens of a whole path (reasoning replies generated and edited, plain
+    ones in between) are the template's rendering of the conversation from scratch, with the
+    model's real tokenizer."""
+    runtime = dropping_runtimes[0]
+    script = Scripted(runtime, monkeypatch)
+    session = Session(runtime, system="Be kind.", seed=5)
+    options = GenerationOptions(max_tokens=6)
+    script.texts = [REASONED, "Because I like you.", "<think>\nBye.\n</think>\n\nBye!"]
+    session.send("Hi", options)
+    session.send("Why?", options)
+    session.edit(session.tree.messages()[-1].id, "<think>\nShort.\n</think>\n\nBecause.")
+    session.send("Bye", options)
+    path = session.tree.active_path()
+    assert session.generator is not None
+    stored = session.generator.prompts.path_tokens(path)
+    # The last reply as a later turn renders it: with a message after it.
+    more = Node(id=-1, parent=None, role=Role.USER, text="More", created=0.0)
+    fresh = _fresh(runtime, [*path, more], add_generation_prompt=False)
+    assert stored + runtime.model.tokenize("<|im_start|>user\nMore<|im_end|>\n") == fresh
+
+
+def test_a_follow_up_after_a_reasoning_reply_reuses_its_prompt_end(
+    dropping_runtimes: tuple[Runtime, Runtime], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The reply's tokens start with the generation prompt it was generated from, so the
+    follow-up (which reads the reply without its reasoning) reuses the context up to there:
+    the live prefix or, for a model that cannot cut its state back, the checkpoint taken at
+    the prompt's end."""
+    runtime = dropping_runtimes[0]
+    script = Scripted(runtime, monkeypatch)
+    session = Session(runtime, system="Be kind.", seed=5,
+                      checkpoints=CheckpointStore(runtime.identity()))
+    options = GenerationOptions(max_tokens=6)
+    script.texts = [REASONED]
+    session.send("Hi", options)
+    step = session.send("Why?", options)
+    prompt = _prompt_of(session, runtime)
+    path = session.tree.active_path()
+    reply = path[2]
+    prompt_len = reply.meta["prompt_len"]
+    assert isinstance(prompt_len, int) and reply.meta["open_len"] is None
+    reply_start = sum(len(node.tokens or ()) for node in path[:2])
+    assert step.report is not None and step.report.prompt_tokens == len(prompt)
+    assert step.report.reused_tokens >= reply_start + prompt_len, step.report.describe()
 
 
 def _step(session: Session, step: str, options: GenerationOptions) -> str | None:
@@ -187,4 +347,6 @@ def _step(session: Session, step: str, options: GenerationOptions) -> str | None
         return session.regenerate(options).text
     reply = session.tree.messages()[-1]
     assert reply.role is Role.ASSISTANT
+    if op == "continue":
+        return session.resume(reply.id, options).text
     return session.edit(reply.id, text, options).text
