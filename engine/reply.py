@@ -113,7 +113,10 @@ class ReplyResult:
     """A finished (or stopped) reply, as plain values."""
 
     text: str  # the whole reply, a continued reply's earlier text included
-    tokens: tuple[int, ...]  # generation prompt + generated tokens + the template's closing
+    # Generation prompt + generated tokens + the template's closing; or, under a template
+    # that renders the reply otherwise in later turns (Qwen3's drops its reasoning), that
+    # later rendering (see PromptBuilder.reply_tokens).
+    tokens: tuple[int, ...]
     meta: tuple[tuple[str, object], ...]  # what the reply node keeps (ReplyTokens.meta)
     rendered: Rendered
     report: ReplyReport
