@@ -22,17 +22,7 @@ from engine.reply import LEFT_OUT
 from engine.settings import Settings, load_settings, save_settings
 from engine.store import Store
 from tests.app_fixtures import TIMEOUT, destroy, send
-
-QUESTIONS = [
-    "Tell me about the oak tree and its leaves, please, in some detail.",
-    "How deep do the roots of an old oak grow into the ground?",
-    "And how old can such a tree get before it dies of age?",
-    "Which animals live in its crown and eat its acorns in autumn?",
-    "What kind of soil does it like best, sand or clay or loam?",
-    "How do foresters plant new oaks after a storm has felled the old ones?",
-    "Is oak wood good for building ships, and why was it used for that?",
-    "What diseases threaten oaks in Europe today, and can they be treated?",
-]
+from tests.test_overflow import QUESTIONS
 
 
 @pytest.fixture
