@@ -119,7 +119,7 @@ class Runtime:
             self.model.close()
             raise
         params = self.ctx.params
-        self.memory_kind = self.model.memory_kind(swa_full=params.swa_full)
+        self.memory_kind = self.model.memory_kind()
         self.n_swa = self.model.n_swa
         self.n_ctx = self.ctx.n_ctx
         self.n_batch = params.n_batch

@@ -19,6 +19,7 @@ import pytest
 from engine.checkpoints import Checkpoint, CheckpointStore
 from engine.llama import SamplingParams
 from engine.model import MemoryKind
+from engine.params import ContextParams
 from engine.replay import run_step
 from engine.runtime import PrepareReport, Runtime, RuntimeSettings, Source
 from engine.scenario import load_scenario
@@ -101,9 +102,10 @@ class Run:
     session: Session
 
 
-def _replay_recording_logits(path: Path, *, use_cache: bool) -> Run:
+def _replay_recording_logits(path: Path, *, use_cache: bool, swa_full: bool = False) -> Run:
     scenario = load_scenario(SCENARIO)
-    runtime = Runtime(path, RuntimeSettings(n_ctx=scenario.n_ctx, n_batch=scenario.n_batch))
+    runtime = Runtime(path, RuntimeSettings(n_ctx=scenario.n_ctx, n_batch=scenario.n_batch,
+                                            context=ContextParams(swa_full=swa_full)))
     store = CheckpointStore(runtime.identity()) if use_cache else None
     session = Session(
         runtime, system=scenario.system, sampling=scenario.sampling, seed=scenario.seed,
@@ -125,11 +127,13 @@ def _replay_recording_logits(path: Path, *, use_cache: bool) -> Run:
     return Run(reports, logits, session)
 
 
-@pytest.fixture(scope="module")
-def gemma_runs(gemma_path: Path) -> Iterator[tuple[Run, Run]]:
-    """The long branching scenario on Gemma, with checkpoints and as a full reprocess."""
-    cached = _replay_recording_logits(gemma_path, use_cache=True)
-    reference = _replay_recording_logits(gemma_path, use_cache=False)
+@pytest.fixture(scope="module", params=[False, True], ids=["window-cache", "swa-full"])
+def gemma_runs(gemma_path: Path, request: pytest.FixtureRequest) -> Iterator[tuple[Run, Run]]:
+    """The long branching scenario on Gemma, with checkpoints and as a full reprocess: with
+    its sliding-window cache, and with a full-size one (`swa_full`), whose saved states hold
+    only the window for the window layers all the same."""
+    cached = _replay_recording_logits(gemma_path, use_cache=True, swa_full=request.param)
+    reference = _replay_recording_logits(gemma_path, use_cache=False, swa_full=request.param)
     yield cached, reference
     cached.session.runtime.close()
     reference.session.runtime.close()
