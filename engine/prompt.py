@@ -115,6 +115,9 @@ class PromptBuilder:
     def __init__(self, template: Template, tokenizer: Tokenizer) -> None:
         self._template = template
         self._tok = tokenizer
+        # Renderings of message lists while `ensure_tokens` runs: a node's "before" is the
+        # previous node's "after", so a long path is rendered about once per node, not more.
+        self._renders: dict[tuple[tuple[str, str], ...], str] | None = None
         self._reply_frame = self._find_reply_frame()
         self._reply_opening = self._find_reply_opening()
 
@@ -122,9 +125,15 @@ class PromptBuilder:
 
     def ensure_tokens(self, path: Sequence[Node]) -> None:
         """Give every node of `path` that has none its tokens (its slice of the template)."""
-        for index, node in enumerate(path):
-            if node.tokens is None:
-                node.tokens = tuple(self._render_node(path, index))
+        if all(node.tokens is not None for node in path):
+            return
+        self._renders = {}
+        try:
+            for index, node in enumerate(path):
+                if node.tokens is None:
+                    node.tokens = tuple(self._render_node(path, index))
+        finally:
+            self._renders = None
 
     def path_tokens(self, path: Sequence[Node]) -> list[int]:
         self.ensure_tokens(path)
@@ -268,7 +277,14 @@ class PromptBuilder:
         messages = _messages(path)
         if not messages:
             return ""
-        return self._template.render(messages, add_generation_prompt=False)
+        if self._renders is None:
+            return self._template.render(messages, add_generation_prompt=False)
+        key = tuple((m["role"], m["content"]) for m in messages)
+        text = self._renders.get(key)
+        if text is None:
+            text = self._renders[key] = self._template.render(messages,
+                                                              add_generation_prompt=False)
+        return text
 
     def _find_reply_opening(self) -> tuple[int, ...]:
         """The generation prompt's tokens after a one-message conversation: what a reply
