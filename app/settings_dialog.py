@@ -140,8 +140,9 @@ class SettingsDialog(QDialog):
         self.buttons.rejected.connect(self.reject)
 
         column = QVBoxLayout(self)
+        replies = "Replies (defaults: Ctrl+Shift+, gives a conversation its own)"
         for title, form in (("Model and context", engine), ("Checkpoints", checkpoints),
-                            ("Sampling defaults", sampling), ("Local API server", api),
+                            (replies, sampling), ("Local API server", api),
                             ("Appearance", look)):
             box = QGroupBox(title)
             box.setLayout(form)
