@@ -28,12 +28,20 @@ class Fill:
     exact: bool  # every node of the branch has its tokens
     dropped: int = 0  # oldest messages left out (Overflow.DROP_OLDEST)
     total: int = 0  # the whole branch's tokens, read or not
+    policy: Overflow = Overflow.STOP
+    room: int = 0  # kept free for the reply when messages are left out
+
+    @property
+    def near(self) -> bool:
+        return self.tokens >= WARN_AT * self.n_ctx
 
     @property
     def warn(self) -> bool:
-        """The next message may not fit. Never when the oldest are left out: the next
-        reply leaves more out instead."""
-        return self.tokens >= WARN_AT * self.n_ctx and not self.dropping
+        """The next message may not fit: under STOP, past WARN_AT; when the oldest are left
+        out, only if even that leaves no room for a reply (one huge message)."""
+        if self.policy is Overflow.STOP:
+            return self.near
+        return self.tokens + self.room > self.n_ctx
 
     @property
     def dropping(self) -> bool:
@@ -52,9 +60,10 @@ def branch_fill(path: list[Node], n_ctx: int, *, overflow: Overflow = Overflow.S
         else:
             exact = False
             lengths.append(-(-len(node.text) // CHARS_PER_TOKEN))
+    room = reply_room(n_ctx, max_tokens)
     cut = fit(lengths, [node.role is Role.USER for node in path], tail=0, n_ctx=n_ctx,
-              room=reply_room(n_ctx, max_tokens), policy=overflow)
-    return Fill(cut.tokens, n_ctx, exact, cut.dropped, sum(lengths))
+              room=room, policy=overflow)
+    return Fill(cut.tokens, n_ctx, exact, cut.dropped, sum(lengths), overflow, room)
 
 
 class ContextGauge(QObject):
@@ -101,6 +110,10 @@ class ContextGauge(QObject):
         if fill.warn:
             tip += (" The next message may not fit: start a new branch earlier, or load the "
                     "model with a larger context (Settings).")
+            if fill.policy is Overflow.STOP:
+                tip += " Or let the oldest messages be left out (Conversation settings)."
+        elif fill.near and not fill.dropping:
+            tip += " The next replies will leave the oldest messages out."
         self.bar.setToolTip(tip)
         # Red past WARN_AT, in either theme.
         self.bar.setStyleSheet("QProgressBar::chunk { background: #c8553d; }"

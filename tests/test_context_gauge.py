@@ -8,6 +8,7 @@ from pytestqt.qtbot import QtBot
 
 from app.context_gauge import WARN_AT, branch_fill
 from app.main_window import MainWindow
+from engine.overflow import Overflow
 from engine.tree import Node, Role
 from tests.app_fixtures import send
 
@@ -47,3 +48,20 @@ def test_unrendered_text_is_estimated_from_its_length() -> None:
              Node(1, 0, Role.USER, "abcdefg", 0.0)]
     fill = branch_fill(nodes, 100)
     assert (fill.tokens, fill.exact, fill.warn) == (2 + 3, False, False)
+
+
+def test_near_full_warns_under_stop_but_not_when_the_oldest_are_left_out() -> None:
+    def turns(*lengths: int) -> list[Node]:
+        nodes = [Node(0, None, Role.SYSTEM, "", 0.0, tokens=(1,) * 10)]
+        for i, n in enumerate(lengths, start=1):
+            role = Role.USER if i % 2 else Role.ASSISTANT
+            nodes.append(Node(i, i - 1, role, "", 0.0, tokens=(1,) * n))
+        return nodes
+
+    near = turns(40, 30, 40, 30, 25)  # 175 of 200: past WARN_AT, still fits
+    assert branch_fill(near, 200).warn
+    dropping = branch_fill(near, 200, overflow=Overflow.DROP_OLDEST, max_tokens=40)
+    assert dropping.dropping and not dropping.warn and dropping.tokens + 40 <= 200
+    # One message too long to answer, even alone: that warns under either policy.
+    huge = turns(40, 30, 180)
+    assert branch_fill(huge, 200, overflow=Overflow.DROP_OLDEST, max_tokens=40).warn
