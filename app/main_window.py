@@ -432,7 +432,6 @@ class MainWindow(QMainWindow):
         if streaming is not None:  # saved as interrupted: it can be continued next time
             self.replies.interrupt(streaming)
             self.replies.streaming = None
-        self.replies.stop_warming()
         self.api.stop()  # its clients get an error; its replies stop
         # Stop (at most a chunk or a token), free the model on its own thread, end it.
         self.engine.shutdown()

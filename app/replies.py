@@ -124,7 +124,6 @@ class Replies(QObject):
         self._warmed_path: tuple[int, ...] | None = None  # what the last warm-up prepared
         self._warm_timer = QTimer(self, singleShot=True, interval=WARM_DELAY_MS)
         self._warm_timer.timeout.connect(self._warm_now)
-        self._warming = True  # False once the window closes
         engine.received.connect(self.on_event)
 
     # --- requests ----------------------------------------------------------------------------
@@ -418,13 +417,8 @@ class Replies(QObject):
     # --- warm-ups: the likely next prompt, prepared while the user reads ----------------------
 
     def schedule_warm(self) -> None:
-        if self.model is not None and self.streaming is None and self._warming:
+        if self.model is not None and self.streaming is None:
             self._warm_timer.start()
-
-    def stop_warming(self) -> None:
-        """No warm-up from now on (the window is closing: the store is about to close)."""
-        self._warm_timer.stop()
-        self._warming = False
 
     def start_editing(self, node_id: int) -> None:
         self.editing = node_id
@@ -433,7 +427,8 @@ class Replies(QObject):
     @Slot()
     def _warm_now(self) -> None:
         cid = self.controller.current
-        if self.model is None or self.streaming is not None or cid is None or not self._warming:
+        if (self.model is None or self.streaming is not None or cid is None
+                or not self.engine.running):  # closed: the store may be closed too
             return
         path = self.controller.conversations[cid].warm_path(self.editing)
         key = tuple(global_id(cid, node.id) for node in path)

@@ -151,36 +151,34 @@ def main(argv: list[str]) -> int:
     loop.exec()
     app.processEvents()
     saved: list[Path] = []
+
+    def shoot(name: str) -> None:
+        app.processEvents()
+        window.grab().save(str(out / f"{name}.png"))
+        saved.append(out / f"{name}.png")
+
+    def open_light(conversation_id: int) -> None:
+        apply_theme(app, Theme.LIGHT)
+        window.controller.open_conversation(conversation_id)
+        app.processEvents()
+
     if "main-window" in shots:
-        window.grab().save(str(out / "main-window.png"))
+        shoot("main-window")
         apply_theme(app, Theme.DARK)
-        app.processEvents()
-        window.grab().save(str(out / "main-window-dark.png"))
-        saved += [out / "main-window.png", out / "main-window-dark.png"]
+        shoot("main-window-dark")
     if "code-blocks" in shots:
-        apply_theme(app, Theme.LIGHT)
-        window.controller.open_conversation(code_id)
-        app.processEvents()
-        window.grab().save(str(out / "code-blocks.png"))
-        saved.append(out / "code-blocks.png")
+        open_light(code_id)
+        shoot("code-blocks")
     if "reasoning" in shots:
-        apply_theme(app, Theme.LIGHT)
-        window.controller.open_conversation(reasoning_id)
-        app.processEvents()
+        open_light(reasoning_id)
         window.chat.toggle_reasoning(window.chat.model().rows()[-1].node_id)  # one unfolded
         window.chat.scroll_to_end()
-        app.processEvents()
-        window.grab().save(str(out / "reasoning.png"))
-        saved.append(out / "reasoning.png")
+        shoot("reasoning")
     if "context" in shots:
-        apply_theme(app, Theme.LIGHT)
-        window.controller.open_conversation(long_id)
-        app.processEvents()
+        open_light(long_id)
         window.chat.scrollTo(window.chat.model().index(left_out),
                              QAbstractItemView.ScrollHint.PositionAtCenter)
-        app.processEvents()
-        window.grab().save(str(out / "context.png"))
-        saved.append(out / "context.png")
+        shoot("context")
     window.close()
     print(*saved)
     return 0
