@@ -85,7 +85,10 @@ def test_the_engine_killed_mid_reply_keeps_the_reply_interrupted_and_continuable
 ) -> None:
     shown = _messages(monkeypatch)
     # A fixed seed: the tiny random model says something under it (a fresh seed may not).
-    window.models.apply_settings(replace(window.settings, max_tokens=400, seed=7))
+    # A reply as long as the context allows, so that it is still being written when the
+    # window shows its first words and kills the engine (400 tokens were once all written
+    # before a busy machine's window got there).
+    window.models.apply_settings(replace(window.settings, max_tokens=4000, seed=7))
     _kill_when(qtbot, window, window.text_shown, "Tell me a long story.")
     reply = window.tree.messages()[-1]
     assert reply.role is Role.ASSISTANT and reply.status is NodeStatus.INTERRUPTED and reply.text
@@ -94,6 +97,7 @@ def test_the_engine_killed_mid_reply_keeps_the_reply_interrupted_and_continuable
     assert saved.text and reply.text.startswith(saved.text)  # saved as it grew
     assert "Continue" in shown[0]
     partial = reply.text
+    window.models.apply_settings(replace(window.settings, max_tokens=40))
     with qtbot.waitSignal(window.reply_finished, timeout=TIMEOUT):
         window.controller.continue_reply()
     assert reply.text.startswith(partial) and reply.status is NodeStatus.COMPLETE
