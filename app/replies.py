@@ -256,11 +256,14 @@ class Replies(QObject):
         kept as interrupted (Continue picks it up), and the engine starts again with the
         model it had, unless it keeps dying. An edit that waited for the reply to stop is
         answered once the model is back; if it is not coming back, the edit is saved
-        unanswered."""
+        unanswered. A question whose prompt crashed llama.cpp's fast kernels is answered
+        again once the model is back without them."""
         streaming = self.streaming
         pending, self._pending_edit = self._pending_edit, None
-        if pending is None and streaming is not None and streaming.answers_edit \
-                and streaming.pieces == 0:  # the edit ran, its answer had not begun
+        if pending is None and streaming is not None and streaming.pieces == 0 and (
+                streaming.answers_edit  # the edit ran, its answer had not begun
+                or died.kernels_fallback is not None):  # the question is asked again
+
             asked = streaming.start.path[-1]
             pending = PendingEdit(streaming.conversation_id, asked.id, None)
         if streaming is not None:

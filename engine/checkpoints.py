@@ -64,6 +64,9 @@ class Identity:
     # Where the layers ran: "cpu", a GPU backend, and any RPC workers. A remote GPU does not
     # give the CPU's bits, and a state's tensors are laid out per device.
     devices: str = "cpu"
+    # The CPU kernels: llama.cpp's CPU library and whether weights were repacked for it
+    # (engine.backends, engine.repack). Other kernels, other bits.
+    kernels: str = ""
 
     def key(self) -> str:
         """A short stable name for this identity (the disk tier's folder)."""

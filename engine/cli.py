@@ -92,6 +92,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     sub.add_parser("models", help="list the bundled model and the models folder")
 
+    kn = sub.add_parser("kernels", help="which llama.cpp kernels run here, checked on a model "
+                                        "in this process; --rounds times weight repacking")
+    kn.add_argument("model", nargs="?", default="default")
+    kn.add_argument("--rounds", type=int, default=0,
+                    help="time repacking on against off this many times, interleaved")
+    kn.add_argument("--threads", type=int, default=0, help="0: Arbor's default")
+    kn.add_argument("--prompt", type=int, default=512, help="prompt tokens to decode")
+    kn.add_argument("--generate", type=int, default=64, help="tokens to decode one by one")
+
     ex = sub.add_parser("export", help="write conversations to a file")
     ex.add_argument("--db", type=Path, help="the conversation database (default: the user's)")
     ex.add_argument("--conversation", type=int, action="append", required=True,
@@ -170,6 +179,17 @@ def _run(args: argparse.Namespace) -> int:
         return run_worker(args.host, args.port, args.threads)
     if args.command == "serve":
         return _serve(args)
+    if args.command == "kernels":
+        from engine.kernels import check  # loads llama.cpp
+
+        if not 0 <= args.rounds <= 100:
+            raise UsageError(f"--rounds must be 0..100, not {args.rounds}")
+        if not (2 <= args.prompt <= 32768 and 1 <= args.generate <= 4096):
+            raise UsageError("--prompt must be 2..32768 and --generate 1..4096")
+        _print_json(check(resolve_model(args.model), rounds=args.rounds,
+                          n_threads=args.threads, prompt=args.prompt,
+                          generated=args.generate))
+        return EXIT_OK
     if args.command == "info":
         info = read_model_info(resolve_model(args.model))
         _print_json({

@@ -7,17 +7,19 @@ Everything here must be called from one thread: the one that owns the runtime.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any, cast
 
 import llama_cpp as lc
 import numpy as np
 
+from engine import backends
 from engine.cpu import physical_cores
 from engine.errors import DecodeError, ModelLoadError
 from engine.model import MemoryKind, read_model_info
@@ -66,8 +68,15 @@ def init_backend() -> None:
         if _initialised:
             return
         lc.llama_log_set(_on_native_log, ctypes.c_void_p(0))
+        backends.load()  # a portable build's CPU, GPU and RPC libraries
         lc.llama_backend_init()
         _initialised = True
+
+
+def native_backends() -> backends.Backends:
+    """What llama.cpp runs on in this process (loaded on first use)."""
+    init_backend()
+    return backends.load()
 
 
 def supports_gpu_offload() -> bool:
@@ -95,35 +104,12 @@ def gpu_backend_name() -> str | None:
 # --- RPC workers -------------------------------------------------------------------------------
 
 _DEVICE_GPU_TYPES = (1, 2)  # ggml_backend_dev_type: GPU, IGPU
-_ggml_lib: ctypes.CDLL | None = None
 _rpc_registered: dict[str, tuple[int, ...]] = {}  # endpoint -> its devices (process-wide)
 
 
 def supports_rpc() -> bool:
     init_backend()
     return bool(lc.llama_supports_rpc())
-
-
-def _ggml() -> ctypes.CDLL:
-    """libggml's registry functions (llama-cpp-python binds only libllama's)."""
-    global _ggml_lib
-    if _ggml_lib is None:
-        lib = ctypes.CDLL(str(Path(lc.__file__).parent / "lib" / "libggml.so"))
-        vp, cp, sz = ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t
-        for name, args, result in (
-            ("ggml_backend_reg_by_name", [cp], vp),
-            ("ggml_backend_reg_get_proc_address", [vp, cp], vp),
-            ("ggml_backend_register", [vp], None),
-            ("ggml_backend_reg_dev_count", [vp], sz),
-            ("ggml_backend_reg_dev_get", [vp, sz], vp),
-            ("ggml_backend_dev_count", [], sz),
-            ("ggml_backend_dev_get", [sz], vp),
-            ("ggml_backend_dev_type", [vp], ctypes.c_int),
-        ):
-            function = getattr(lib, name)
-            function.argtypes, function.restype = args, result
-        _ggml_lib = lib
-    return _ggml_lib
 
 
 def rpc_devices(endpoints: Sequence[str]) -> list[int]:
@@ -135,7 +121,7 @@ def rpc_devices(endpoints: Sequence[str]) -> list[int]:
     devices: list[int] = []
     for endpoint in endpoints:
         if endpoint not in _rpc_registered:
-            ggml = _ggml()
+            ggml = backends.ggml()
             reg = ggml.ggml_backend_reg_by_name(b"RPC")
             address = ggml.ggml_backend_reg_get_proc_address(reg, b"ggml_backend_rpc_add_server")
             if not reg or not address:
@@ -155,11 +141,20 @@ def rpc_devices(endpoints: Sequence[str]) -> list[int]:
 def gpu_devices() -> list[int]:
     """This machine's GPUs (none on a CPU build); RPC workers' devices are not among them."""
     init_backend()
-    ggml = _ggml()
+    ggml = backends.ggml()
     remote = {dev for devices in _rpc_registered.values() for dev in devices}
     return [dev for dev in (ggml.ggml_backend_dev_get(i)
                             for i in range(ggml.ggml_backend_dev_count()))
             if ggml.ggml_backend_dev_type(dev) in _DEVICE_GPU_TYPES and dev not in remote]
+
+
+def gpu_description() -> str | None:
+    """The first GPU's name as its backend gives it (for the status bar), if there is one."""
+    devices = gpu_devices()
+    if not devices:
+        return None
+    raw = backends.ggml().ggml_backend_dev_description(devices[0])
+    return raw.decode("utf-8", errors="replace").strip() if raw else None
 
 
 def builtin_template_names() -> list[str]:
@@ -241,16 +236,19 @@ class LlamaModel:
         n_gpu_layers: int = 0,
         rpc_workers: Sequence[str] = (),
         on_progress: Callable[[float], None] | None = None,
+        repack: bool = True,
     ) -> None:
         """`rpc_workers`: addresses already probed; layers go to them (and any GPU). The
         device list is always explicit once a worker was registered in this process, so a
-        load without workers never uses one left registered by an earlier load."""
+        load without workers never uses one left registered by an earlier load. `repack`:
+        let llama.cpp repack the weights for its fastest CPU kernels (engine.repack)."""
         init_backend()
         self.path = path
         self.info = read_model_info(path)  # clear errors for missing or non-GGUF files
         params = lc.llama_model_default_params()
         params.n_gpu_layers = n_gpu_layers
         params.use_mmap = True
+        params.use_extra_bufts = repack
         self._devices: ctypes.Array[ctypes.c_void_p] | None = None  # alive during the load
         if rpc_workers or _rpc_registered:
             chosen = [*gpu_devices(), *rpc_devices(rpc_workers)]
@@ -547,6 +545,25 @@ class Sampler:
 # --- the baseline: a plain app on llama-cpp-python's high-level API -------------------------
 
 
+@contextlib.contextmanager
+def _default_repack(repack: bool) -> Iterator[None]:
+    """While inside, llama-cpp-python's model parameters come with `use_extra_bufts` =
+    `repack`."""
+    module = lc.llama_cpp
+    original = module.llama_model_default_params
+
+    def params() -> Any:
+        made = original()
+        made.use_extra_bufts = repack
+        return made
+
+    module.llama_model_default_params = params
+    try:
+        yield
+    finally:
+        module.llama_model_default_params = original
+
+
 class PlainChat:
     """What a plain chat app on llama-cpp-python does, for the benchmark to measure Arbor
     against: `Llama.create_chat_completion` re-renders the messages and reuses the longest
@@ -558,9 +575,15 @@ class PlainChat:
                  chat_format: str | None = None) -> None:
         """`chat_format`: one of llama-cpp-python's named formats, for a model without a
         template of its own (llama-cpp-python falls back to llama-2's otherwise)."""
-        self.llm = lc.Llama(str(path), n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads,
-                            n_threads_batch=n_threads, swa_full=swa_full, seed=0,
-                            chat_format=chat_format, verbose=False)
+        from engine.repack import RepackGuard
+
+        # The backends Arbor chose, and repacking off where Arbor's engine runs without it:
+        # `Llama` takes no such argument, so its default parameters say so while it loads.
+        decision = RepackGuard(path, native_backends()).decide()
+        with _default_repack(decision.repack):
+            self.llm = lc.Llama(str(path), n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads,
+                                n_threads_batch=n_threads, swa_full=swa_full, seed=0,
+                                chat_format=chat_format, verbose=False)
         if ram_cache:
             self.llm.set_cache(lc.LlamaRAMCache(capacity_bytes=4 << 30))
         self._batches: list[int] = []  # the tokens of each eval: the prompt's tail, then ones

@@ -44,6 +44,7 @@ from engine.protocol import (
     Shutdown,
     Stop,
 )
+from engine.repack import note_exit
 
 if TYPE_CHECKING:
     from engine.service import ThreadControl  # the child's; loads llama.cpp
@@ -67,6 +68,7 @@ class EngineProcess:
         self._conn: Connection = ours
         self._send_lock = threading.Lock()
         self._epoch = epoch
+        self.log_file = log_file
         self._process: BaseProcess = context.Process(
             target=child_main,
             args=(theirs, logging.getLogger().getEffectiveLevel(),
@@ -142,7 +144,8 @@ class EngineProcess:
             return event
         except (EOFError, OSError):
             self._process.join(SHUTDOWN_TIMEOUT_S)
-            return EngineDied(self._process.exitcode)
+            code = self._process.exitcode
+            return EngineDied(code, note_exit(self._process.pid, code))
 
     def shutdown(self, timeout: float = SHUTDOWN_TIMEOUT_S) -> None:
         """Ask the engine to stop and exit; kill it if it has not within `timeout`."""

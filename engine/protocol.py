@@ -168,8 +168,13 @@ class EngineDied:
     """The engine process ended without being asked to (sent by the front end's client)."""
 
     exitcode: int | None  # negative: killed by that signal
+    # Set when it faulted loading a model or decoding its first prompt: it loads that model
+    # without weight repacking from now on (engine.repack), in words.
+    kernels_fallback: str | None = None
 
     def describe(self) -> str:
+        if self.kernels_fallback is not None:
+            return self.kernels_fallback
         code = self.exitcode
         if code is None:
             return "it stopped answering"

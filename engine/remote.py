@@ -57,6 +57,11 @@ class EngineCrashed(ArborError):
     """The engine process ended in the middle of a request."""
 
 
+class KernelsCrashed(EngineCrashed):
+    """It faulted loading a model or on its first prompt: the next load goes without weight
+    repacking (engine.repack), so the request is worth one more try."""
+
+
 def engine_log() -> Path:
     """Where a command line's engine process writes its log and llama.cpp's messages."""
     return data_dirs().cache / "engine.log"
@@ -69,11 +74,24 @@ class RemoteReplier:
         self.process = process or EngineProcess(log_file=engine_log())
         self.usage: StoreUsage | None = None  # the last checkpoint figures the engine sent
         self._ids = itertools.count(1)
+        self._load: LoadRequest | None = None
+        self._prompted = False  # a reply has run since the load
 
     def load(self, path: str, options: EngineOptions | None = None, *,
              settings: Settings | None = None) -> ModelLoaded:
-        """Load with the command line's `options`, or the app's `settings`."""
-        self.process.send(LoadRequest(path, settings or Settings(), options))
+        """Load with the command line's `options`, or the app's `settings`. An engine whose
+        fast kernels crash on this CPU is started again once, without them."""
+        self._load = LoadRequest(path, settings or Settings(), options)
+        self._prompted = False
+        try:
+            return self._send_load(self._load)
+        except KernelsCrashed as exc:
+            log.warning("%s; starting it again", exc)
+            self.process = EngineProcess(log_file=self.process.log_file)
+            return self._send_load(self._load)
+
+    def _send_load(self, request: LoadRequest) -> ModelLoaded:
+        self.process.send(request)
         while True:
             match self._next():
                 case ModelLoaded() as loaded:
@@ -87,6 +105,25 @@ class RemoteReplier:
               on_progress: ProgressFn | None = None, on_piece: PieceFn | None = None,
               cancel: CancelFn | None = None, sampling: SamplingParams | None = None,
               overflow: Overflow = Overflow.STOP) -> ReplyResult:
+        first, self._prompted = not self._prompted, True
+        try:
+            return self._reply(path, resume=resume, max_tokens=max_tokens, seed=seed,
+                               on_progress=on_progress, on_piece=on_piece, cancel=cancel,
+                               sampling=sampling, overflow=overflow)
+        except KernelsCrashed as exc:
+            if not first or self._load is None:
+                raise
+            log.warning("%s; loading the model again and asking again", exc)
+            self.process = EngineProcess(log_file=self.process.log_file)
+            self._send_load(self._load)
+            return self._reply(path, resume=resume, max_tokens=max_tokens, seed=seed,
+                               on_progress=on_progress, on_piece=on_piece, cancel=cancel,
+                               sampling=sampling, overflow=overflow)
+
+    def _reply(self, path: Sequence[Node], *, resume: Node | None, max_tokens: int, seed: int,
+               on_progress: ProgressFn | None, on_piece: PieceFn | None,
+               cancel: CancelFn | None, sampling: SamplingParams | None,
+               overflow: Overflow) -> ReplyResult:
         request_id = next(self._ids)
         self.process.preempt()
         self.process.send(GenerateRequest(
@@ -166,7 +203,8 @@ class RemoteReplier:
     def _next(self) -> Event:
         event = self.process.recv()
         if isinstance(event, EngineDied):
-            raise EngineCrashed(f"the engine process ended: {event.describe()}")
+            crashed = KernelsCrashed if event.kernels_fallback else EngineCrashed
+            raise crashed(f"the engine process ended: {event.describe()}")
         if isinstance(event, StoreUsage):
             self.usage = event
         return event

