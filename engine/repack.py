@@ -40,9 +40,11 @@ from engine.paths import DataDirs, data_dirs
 
 log = logging.getLogger(__name__)
 
-# What turning repacking off cost on the CPU, measured with `arbor-engine kernels` (README,
-# "CPUs"): SmolLM2-135M Q4_1 and Gemma 3 270M Q4_K_M, 2 cores, AVX-512 (zen4 variant).
-REPACK_OFF_COST = "prompts about 25% slower"
+# What turning repacking off cost, measured with `arbor-engine kernels --rounds 5` on
+# SmolLM2-135M Q4_1 and Gemma 3 270M Q4_K_M (2 cores, AVX-512, the zen4 library): prompts
+# 0-13% faster without it, generation within 10% (README, "CPUs and GPUs"). Not measured on
+# an AMX CPU, where the kernels that crash are the fast ones.
+REPACK_OFF_COST = "measured on an AVX-512 CPU: as fast, within 10%"
 CRASHED = "llama.cpp's optimized kernels crashed on this CPU; running without them"
 KNOWN_BAD = "llama.cpp's AMX kernels crash on this CPU; running without weight repacking"
 # Fatal signals that mean the kernels faulted, as an exit code (negative) or Windows status.
@@ -139,7 +141,7 @@ class RepackGuard:
         if not told:
             records[self.key] = {**record, "told": True}
             _write_records(records, self.dirs)
-        text = f"{words}, {REPACK_OFF_COST}"
+        text = f"{words} ({REPACK_OFF_COST})"
         return Decision(False, text, None if told else text)
 
     def arm(self) -> None:
