@@ -86,7 +86,9 @@ def _run(home: Path, say: Callable[[str], None]) -> None:
         wait(window.model_ready, "loading the model")
         loaded = window.replies.model
         assert loaded is not None
-        say(f"loaded {model.name} ({loaded.backend}) in an engine process of its own")
+        kernels = dict(loaded.details).get("kernels", "?")
+        say(f"loaded {model.name} ({loaded.backend}, llama.cpp CPU library {kernels}) in an "
+            f"engine process of its own")
         window.controller.set_system_prompt(SYSTEM)
         for text in (FIRST, SECOND):
             window.controller.send(text)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.backends import cpu_flags, cpu_name, has_amx
+from engine.backends import cpu_flags, cpu_name, has_amx, library_dir
 from engine.llama import native_backends
 from engine.params import RuntimeSettings
 from engine.runtime import Runtime
@@ -63,6 +63,7 @@ def check(model: Path, *, rounds: int = 0, n_threads: int = 0, prompt: int = PRO
         "cpuinfo_avx512": "avx512f" in flags,
         "cpuinfo_amx": has_amx(flags),
         "portable_build": native.portable,
+        "library_dir": str(library_dir()),
         "cpu_variant": native.cpu_variant,
         "cpu_features": {k: v for k, v in native.cpu_features.items() if v not in ("", "0")},
         "other_backends": list(native.loaded),

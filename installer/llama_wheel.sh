@@ -74,7 +74,7 @@ PLATFORM=$("$PY" -c 'import sysconfig; print(sysconfig.get_platform().replace("-
 WHEEL=$(ls "$DIR"/llama_cpp_python-"$VERSION"-*-"$PLATFORM".whl 2>/dev/null | head -n 1 || true)
 if [ -z "$WHEEL" ]; then
   echo "Building llama-cpp-python $VERSION for $BACKEND (portable CPU libraries, RPC on):" \
-       "20-35 minutes on 2 cores, once." >&2
+       "about 10 minutes on 2 cores, once." >&2
   CMAKE_BUILD_PARALLEL_LEVEL="${CMAKE_BUILD_PARALLEL_LEVEL:-$(nproc 2>/dev/null || echo 2)}" \
   CMAKE_ARGS="${CMAKE_ARGS:-} $FLAGS" \
     "$PY" -m pip wheel --quiet --no-deps --no-cache-dir -w "$DIR" "$SDIST"
