@@ -46,9 +46,12 @@ def _prose(runtime: Runtime, n: int) -> list[int]:
 def test_on_gemma_where_a_prompt_is_split_changes_the_logits(
     gemma_path: Path, make_runtime: RuntimeFactory
 ) -> None:
-    """The llama.cpp behaviour the decode schedule exists for. If this starts failing, this
-    build of llama.cpp no longer depends on where a prompt is split; the schedule still keeps
-    the promise on every other build and backend, so keep it."""
+    """The llama.cpp behaviour the decode schedule exists for. It belongs to the kernels a
+    build picks on a CPU, not to llama.cpp as such: with weight repacking off on an AVX-512
+    machine the logits were the same wherever the prompt was split. So the test measures:
+    where the split changes nothing at all, it says so and what ran; where it changes
+    something, it must be the large effect the schedule guards against. The invariant tests
+    hold either way."""
     runtime = make_runtime(gemma_path, n_ctx=1024, n_batch=512)
     tokens = _prose(runtime, 104)
 
@@ -58,9 +61,12 @@ def test_on_gemma_where_a_prompt_is_split_changes_the_logits(
         return runtime.last_logits()
 
     whole = decode()
-    for k in (11, 23):
-        gap = float(np.max(np.abs(decode(k) - whole)))
-        assert gap > 0.1, f"splitting at {k} no longer changes the logits (max gap {gap})"
+    gaps = {k: float(np.max(np.abs(decode(k) - whole))) for k in (11, 23)}
+    if not any(gaps.values()):
+        pytest.skip(f"this build's kernels ({runtime.kernels}) give bit-identical logits "
+                    f"wherever a prompt is split (splits at {sorted(gaps)}: max gap 0.0)")
+    for k, gap in gaps.items():
+        assert gap > 0.1, f"splitting at {k} changes the logits only a little (max gap {gap})"
 
 
 def test_on_gemma_a_restore_and_its_tail_are_bit_identical_to_a_full_reprocess(
