@@ -28,8 +28,8 @@ from PySide6.QtWidgets import (
 
 from app.conversation_settings import OVERFLOW_TIP
 from engine.overflow import Overflow
-from engine.params import KV_TYPE_NAMES, FlashAttention
-from engine.settings import Effect, Settings, SettingsError, Theme, effect_of
+from engine.params import GPU_LAYERS_FIT, KV_TYPE_NAMES, FlashAttention
+from engine.settings import MAX_GPU_LAYERS, Effect, Settings, SettingsError, Theme, effect_of
 
 _EFFECT_TEXT = {
     Effect.NONE: "",
@@ -51,10 +51,12 @@ class SettingsDialog(QDialog):
         self._error: str | None = None
 
         self.n_ctx = _spin(256, 1 << 20, current.n_ctx, " tokens", step=1024)
-        self.n_gpu_layers = _spin(-1, 999, current.n_gpu_layers, "")
-        self.n_gpu_layers.setSpecialValueText("all layers")  # shown for the minimum, -1
-        self.n_gpu_layers.setToolTip("-1 offloads every layer; 0 runs on the CPU only. Without "
-                                     "a GPU build, Arbor falls back to the CPU and says so.")
+        self.n_gpu_layers = _spin(GPU_LAYERS_FIT, MAX_GPU_LAYERS, current.n_gpu_layers, "")
+        self.n_gpu_layers.setSpecialValueText("all that fit")  # the minimum, GPU_LAYERS_FIT
+        self.n_gpu_layers.setToolTip(
+            "All that fit: as many layers as the GPU's free memory holds, as llama.cpp fits "
+            "them (none without a GPU). -1 offloads every layer; 0 runs on the CPU only. "
+            "Without a GPU build, Arbor falls back to the CPU and says so.")
         self.n_threads = _spin(0, 512, current.n_threads, "")
         self.n_threads.setSpecialValueText("automatic")
         self.n_threads.setToolTip("Automatic: the physical cores less one, which wins when "

@@ -33,11 +33,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from engine.cpu import cpu_flags, has_amx
+
 log = logging.getLogger(__name__)
 
 # The GPU and RPC backends a portable build may carry, in llama.cpp's own loading order.
 OTHER_BACKENDS = ("blas", "cuda", "hip", "metal", "rpc", "sycl", "vulkan", "opencl", "musa")
-_AMX_CPU_FLAGS = frozenset({"amx_int8", "amx_tile"})
 
 
 def library_name(base: str) -> str:
@@ -80,37 +81,6 @@ def cpu_variants(folder: Path) -> dict[str, Path]:
         if variant:
             found[variant] = path
     return found
-
-
-def cpu_flags(cpuinfo: str | None = None) -> frozenset[str]:
-    """This CPU's feature flags as the kernel lists them (Linux; empty elsewhere)."""
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            return frozenset()
-    for line in cpuinfo.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):
-            return frozenset(value.split())
-    return frozenset()
-
-
-def cpu_name(cpuinfo: str | None = None) -> str:
-    if cpuinfo is None:
-        try:
-            cpuinfo = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-        except OSError:
-            return ""
-    for line in cpuinfo.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() == "model name":
-            return value.strip()
-    return ""
-
-
-def has_amx(flags: frozenset[str]) -> bool:
-    return bool(flags & _AMX_CPU_FLAGS)
 
 
 @dataclass(frozen=True)

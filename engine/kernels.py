@@ -16,7 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from engine.backends import cpu_flags, cpu_name, has_amx, library_dir
+from engine.backends import library_dir
+from engine.cpu import cpu_flags, cpu_name, has_amx
 from engine.llama import native_backends
 from engine.params import RuntimeSettings
 from engine.runtime import Runtime

@@ -13,6 +13,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
 
@@ -237,11 +238,13 @@ class LlamaModel:
         rpc_workers: Sequence[str] = (),
         on_progress: Callable[[float], None] | None = None,
         repack: bool = True,
+        fit: GpuFit | None = None,
     ) -> None:
         """`rpc_workers`: addresses already probed; layers go to them (and any GPU). The
         device list is always explicit once a worker was registered in this process, so a
         load without workers never uses one left registered by an earlier load. `repack`:
-        let llama.cpp repack the weights for its fastest CPU kernels (engine.repack)."""
+        let llama.cpp repack the weights for its fastest CPU kernels (engine.repack). `fit`:
+        llama.cpp's fit for the GPU (it sets the layers)."""
         init_backend()
         self.path = path
         self.info = read_model_info(path)  # clear errors for missing or non-GGUF files
@@ -249,6 +252,8 @@ class LlamaModel:
         params.n_gpu_layers = n_gpu_layers
         params.use_mmap = True
         params.use_extra_bufts = repack
+        if fit is not None:
+            fit.apply(params)
         self._devices: ctypes.Array[ctypes.c_void_p] | None = None  # alive during the load
         if rpc_workers or _rpc_registered:
             chosen = [*gpu_devices(), *rpc_devices(rpc_workers)]
@@ -378,29 +383,113 @@ class LlamaModel:
         return token if token >= 0 else None
 
 
+def _context_params(params: ContextParams) -> Any:
+    """llama.cpp's context parameters for `params` (one sequence, one ubatch a chunk)."""
+    cparams = lc.llama_context_default_params()
+    cparams.n_ctx = params.n_ctx
+    cparams.n_batch = params.n_batch
+    cparams.n_ubatch = params.n_batch  # one chunk = one ubatch: aborts roll back whole chunks
+    cparams.n_seq_max = 1
+    threads = params.n_threads or default_thread_count()
+    cparams.n_threads = threads
+    cparams.n_threads_batch = threads
+    cparams.flash_attn_type = {
+        FlashAttention.AUTO: lc.LLAMA_FLASH_ATTN_TYPE_AUTO,
+        FlashAttention.ON: lc.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+        FlashAttention.OFF: lc.LLAMA_FLASH_ATTN_TYPE_DISABLED,
+    }[params.flash_attn]
+    cparams.type_k = KV_TYPES[params.type_k]
+    cparams.type_v = KV_TYPES[params.type_v]
+    cparams.swa_full = params.swa_full
+    cparams.no_perf = True
+    return cparams
+
+
+# --- GPU layers: llama.cpp's own fit -----------------------------------------------------------
+
+# `common_fit_params` (llama.cpp's common/fit.h, what llama-server runs before a load): it loads
+# the model and context without allocating, measures what each device would hold, and lowers
+# the GPU layers (and, for MoE models, moves experts to the CPU) until every GPU keeps a margin
+# free. llama-cpp-python does not bind libllama-common, so its C++ name is called by hand.
+_FIT_SYMBOL = ("_Z17common_fit_paramsPKcP18llama_model_paramsP20llama_context_paramsPfP32"
+               "llama_model_tensor_buft_overridePmjPK22common_fit_extra_model14ggml_log_level")
+FIT_MARGIN_BYTES = 1 << 30  # llama-server's default margin per device (--fit-target 1024 MiB)
+_GGML_LOG_LEVEL_ERROR = 4
+
+
+class _BuftOverride(ctypes.Structure):
+    _fields_ = [("pattern", ctypes.c_char_p), ("buft", ctypes.c_void_p)]
+
+
+@dataclass(frozen=True)
+class GpuFit:
+    """What llama.cpp's fit chose: the GPU layers, and the split and overrides it wrote (kept
+    here: the model's parameters point into them while it loads)."""
+
+    n_gpu_layers: int
+    ok: bool  # False: it projects no setting that fits; the closest is used
+    tensor_split: Any = None
+    overrides: Any = None
+
+    def apply(self, params: Any) -> None:
+        params.n_gpu_layers = self.n_gpu_layers
+        if self.tensor_split is not None and any(self.tensor_split):
+            params.tensor_split = self.tensor_split
+        if self.overrides is not None and self.overrides[0].pattern is not None:
+            params.tensor_buft_overrides = ctypes.cast(self.overrides, ctypes.c_void_p)
+
+
+def _common_library() -> ctypes.CDLL | None:
+    """libllama-common, where llama-cpp-python's build installs it (beside libllama, or in the
+    wheel's top-level lib/); None if this build has none."""
+    folder = backends.library_dir()
+    for where in (folder, folder.parent.parent / "lib"):
+        path = where / backends.library_name("llama-common")
+        for candidate in (where / f"{path.name}.0", path):
+            if candidate.exists():
+                try:
+                    return ctypes.CDLL(str(candidate))
+                except OSError as exc:
+                    log.warning("llama.cpp's common library cannot be loaded: %s", exc)
+                    return None
+    return None
+
+
+def fit_gpu_layers(path: Path, context: ContextParams, *, repack: bool = True
+                   ) -> GpuFit | None:
+    """How many layers of `path` fit this machine's GPUs with a context of `context`, as
+    llama.cpp itself fits them; None if this build cannot tell (no common library)."""
+    init_backend()
+    lib = _common_library()
+    fit = getattr(lib, _FIT_SYMBOL, None) if lib is not None else None
+    if fit is None:
+        return None
+    fit.argtypes = [ctypes.c_char_p, ctypes.POINTER(lc.llama_model_params),
+                    ctypes.POINTER(lc.llama_context_params), ctypes.POINTER(ctypes.c_float),
+                    ctypes.POINTER(_BuftOverride), ctypes.POINTER(ctypes.c_size_t),
+                    ctypes.c_uint32, ctypes.c_void_p, ctypes.c_int]
+    fit.restype = ctypes.c_int
+    mparams = lc.llama_model_default_params()  # n_gpu_layers -1: the fit may lower it
+    mparams.use_extra_bufts = repack
+    cparams = _context_params(context)
+    n_devices = int(lc.llama_max_devices())
+    split = (ctypes.c_float * n_devices)()
+    overrides = (_BuftOverride * (int(lc.llama_max_tensor_buft_overrides()) + 1))()
+    margins = (ctypes.c_size_t * n_devices)(*([FIT_MARGIN_BYTES] * n_devices))
+    status = int(fit(str(path).encode(), ctypes.byref(mparams), ctypes.byref(cparams), split,
+                     overrides, margins, context.n_ctx, None, _GGML_LOG_LEVEL_ERROR))
+    if status == 2:  # a hard error (the file): the load that follows says what
+        return None
+    return GpuFit(int(mparams.n_gpu_layers), status == 0, split, overrides)
+
+
 class LlamaContext:
     """One llama.cpp context with one sequence, and the batch used to feed it."""
 
     def __init__(self, model: LlamaModel, params: ContextParams) -> None:
         self.model = model
         self.params = params
-        cparams = lc.llama_context_default_params()
-        cparams.n_ctx = params.n_ctx
-        cparams.n_batch = params.n_batch
-        cparams.n_ubatch = params.n_batch  # one chunk = one ubatch: aborts roll back whole chunks
-        cparams.n_seq_max = 1
-        threads = params.n_threads or default_thread_count()
-        cparams.n_threads = threads
-        cparams.n_threads_batch = threads
-        cparams.flash_attn_type = {
-            FlashAttention.AUTO: lc.LLAMA_FLASH_ATTN_TYPE_AUTO,
-            FlashAttention.ON: lc.LLAMA_FLASH_ATTN_TYPE_ENABLED,
-            FlashAttention.OFF: lc.LLAMA_FLASH_ATTN_TYPE_DISABLED,
-        }[params.flash_attn]
-        cparams.type_k = KV_TYPES[params.type_k]
-        cparams.type_v = KV_TYPES[params.type_v]
-        cparams.swa_full = params.swa_full
-        cparams.no_perf = True
+        cparams = _context_params(params)
         self._abort_check: Callable[[], bool] | None = None
         # Declared as returning int, not bool: CPython 3.11's ctypes mis-counts references of
         # the bools a c_bool callback returns ("bool_dealloc" at exit). Same ABI for 0 / 1.

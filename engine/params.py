@@ -46,12 +46,15 @@ class SamplingParams:
         return self.temperature <= 0.0
 
 
+GPU_LAYERS_FIT = -2  # as many layers on the GPU as fit its free memory, as llama.cpp fits them
+
+
 @dataclass(frozen=True)
 class RuntimeSettings:
     n_ctx: int = 4096
     n_batch: int = 512
     n_threads: int = 0
-    n_gpu_layers: int = 0
+    n_gpu_layers: int = 0  # -1: every layer; GPU_LAYERS_FIT: all that fit (llama.cpp's fit)
     context: ContextParams | None = None  # flash attention, K/V types, swa_full
     rpc_workers: tuple[str, ...] = ()  # llama.cpp RPC workers (host:port) that take layers
 

@@ -35,7 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from engine.atomic import write_atomic
-from engine.backends import Backends, cpu_flags, cpu_name, library_dir
+from engine.backends import Backends, library_dir
+from engine.cpu import cpu_flags, cpu_name
 from engine.paths import DataDirs, data_dirs
 
 log = logging.getLogger(__name__)

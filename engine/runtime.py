@@ -25,17 +25,26 @@ import numpy as np
 from engine.checkpoints import Checkpoint, Identity
 from engine.errors import ArborError, Cancelled, ContextOverflowError, DecodeError
 from engine.llama import (
+    GpuFit,
     LlamaContext,
     LlamaModel,
     Sampler,
     SamplingParams,
+    fit_gpu_layers,
     gpu_backend_name,
     gpu_description,
     native_backends,
     supports_gpu_offload,
 )
 from engine.model import MemoryKind, file_sha256
-from engine.params import FinishReason, FlashAttention, RuntimeSettings, Source
+from engine.params import (
+    GPU_LAYERS_FIT,
+    ContextParams,
+    FinishReason,
+    FlashAttention,
+    RuntimeSettings,
+    Source,
+)
 from engine.repack import Decision, RepackGuard
 from engine.rpc import WorkersUnreachable, parse_endpoints, unreachable
 from engine.schedule import CPU_GRID, GPU_GRID, Schedule, decode_schedule
@@ -97,14 +106,17 @@ class Runtime:
             raise WorkersUnreachable(gone)
         n_gpu_layers = self.settings.n_gpu_layers
         context = self.settings.context_params()
+        fitting = n_gpu_layers == GPU_LAYERS_FIT
         if workers:
-            if n_gpu_layers == 0:
-                n_gpu_layers = -1  # the workers are there to take the layers
+            if n_gpu_layers in (0, GPU_LAYERS_FIT):
+                n_gpu_layers, fitting = -1, False  # the workers are there to take the layers
             if context.flash_attn is not FlashAttention.ON:
                 # Without it a state save over RPC is one round trip per cell (LESSONS.md).
                 context = replace(context, flash_attn=FlashAttention.ON)
                 self.notices.append("flash attention is on: RPC workers need it")
         gpu = gpu_backend_name() if n_gpu_layers != 0 and supports_gpu_offload() else None
+        if fitting and gpu is None:
+            n_gpu_layers, fitting = 0, False  # no GPU here: the CPU, as asked
         if n_gpu_layers != 0 and gpu is None and not workers:
             message = (
                 "GPU offload was requested but this llama.cpp build has no GPU backend; "
@@ -133,10 +145,12 @@ class Runtime:
             self.notices.append(decision.notice)
         if decision.repack:
             self._guard.arm()
+        fit = self._fit(model_path, context, decision.repack) if fitting else None
+        self.gpu_layers = fit.n_gpu_layers if fit is not None else n_gpu_layers
         try:
             self.model = LlamaModel(
                 model_path, n_gpu_layers=n_gpu_layers, rpc_workers=workers,
-                on_progress=on_load_progress, repack=decision.repack,
+                on_progress=on_load_progress, repack=decision.repack, fit=fit,
             )
             try:
                 self.ctx = LlamaContext(self.model, context)
@@ -179,6 +193,20 @@ class Runtime:
             model_path.name, self.model.description(), self.memory_kind, self.n_ctx, self.backend,
         )
 
+    def _fit(self, model_path: Path, context: ContextParams, repack: bool) -> GpuFit | None:
+        """llama.cpp's fit of the layers to the GPU's free memory (every layer if this build
+        cannot fit), said in the notices when not all fit."""
+        fit = fit_gpu_layers(model_path, context, repack=repack)
+        if fit is None:
+            log.warning("llama.cpp's fit is not in this build: every layer goes to the GPU")
+            return None
+        log.info("llama.cpp's fit: %d GPU layers%s", fit.n_gpu_layers,
+                 "" if fit.ok else " (projected not to fit even so)")
+        if not fit.ok:
+            self.notices.append(f"the model is projected not to fit this GPU's free memory "
+                                f"even with {fit.n_gpu_layers} layers on it")
+        return fit
+
     def close(self) -> None:
         self._pending_capture = None
         self._guard.disarm()
@@ -212,6 +240,7 @@ class Runtime:
             "n_params": model.n_params,
             "size_bytes": model.info.size_bytes,
             "backend": self.backend,
+            "gpu_layers": self.gpu_layers,
             "kernels": self.kernels,
             "llama_cpp_python": metadata.version("llama-cpp-python"),
         }

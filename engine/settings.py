@@ -28,6 +28,7 @@ from engine.formats import FormatError, read_regular
 from engine.formats.strict_json import loads_strict
 from engine.overflow import Overflow
 from engine.params import (
+    GPU_LAYERS_FIT,
     KV_TYPE_NAMES,
     ContextParams,
     FlashAttention,
@@ -86,7 +87,8 @@ _LOAD_FIELDS = ("n_gpu_layers", "n_threads")
 @dataclass(frozen=True)
 class Settings:
     n_ctx: int = 4096
-    n_gpu_layers: int = 0  # -1: every layer
+    # GPU_LAYERS_FIT: as many as fit (llama.cpp's fit; none without a GPU); -1: every layer
+    n_gpu_layers: int = GPU_LAYERS_FIT
     n_threads: int = 0  # 0: automatic (the physical cores less one)
     flash_attn: FlashAttention = FlashAttention.OFF
     type_k: str = "f16"
@@ -242,9 +244,9 @@ def _problems(s: Settings) -> list[str]:
     out: list[str] = []
     if not 256 <= s.n_ctx <= 1 << 20:
         out.append(f"context size must be between 256 and 1,048,576 tokens (got {s.n_ctx})")
-    if not -1 <= s.n_gpu_layers <= MAX_GPU_LAYERS:
-        out.append(f"GPU layers must be -1 (all), 0 (none) or a number of layers up to "
-                   f"{MAX_GPU_LAYERS}")
+    if not GPU_LAYERS_FIT <= s.n_gpu_layers <= MAX_GPU_LAYERS:
+        out.append(f"GPU layers must be {GPU_LAYERS_FIT} (all that fit), -1 (all), 0 (none) "
+                   f"or a number of layers up to {MAX_GPU_LAYERS}")
     if not 0 <= s.n_threads <= MAX_THREADS:
         out.append(f"threads must be 0 (automatic) or a number of threads up to {MAX_THREADS}")
     for name in ("type_k", "type_v"):

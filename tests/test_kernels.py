@@ -1,5 +1,6 @@
-"""llama.cpp's kernels on the CPU people have: the portable build's CPU library chosen at run
-time, and an engine whose fast kernels crash falling back, once, to running without them.
+"""llama.cpp's kernels on the computers people have: the portable build's CPU library chosen
+at run time, an engine whose fast kernels crash falling back, once, to running without them,
+and GPU layers fitted by llama.cpp.
 
 The crashes here are made on purpose (tests/engine_faults.py: a SIGSEGV where llama.cpp's
 AMX kernels fault on such a CPU), never llama.cpp's own bugs: the tests pass on any CPU."""
@@ -21,19 +22,16 @@ from pytestqt.qtbot import QtBot
 import engine.process
 from app.engine_client import ProcessEngine
 from app.main_window import MainWindow
-from engine.backends import (
-    Backends,
-    choose_cpu_variant,
-    cpu_flags,
-    cpu_variants,
-    library_dir,
-)
-from engine.llama import native_backends
+from engine.backends import Backends, choose_cpu_variant, cpu_variants, library_dir
+from engine.cpu import cpu_flags
+from engine.llama import fit_gpu_layers, gpu_devices, native_backends
+from engine.params import GPU_LAYERS_FIT, ContextParams
 from engine.paths import data_dirs
 from engine.process import EngineProcess
 from engine.protocol import Crash, CrashKind
 from engine.remote import RemoteReplier
 from engine.repack import CRASHED, KNOWN_BAD, RepackGuard, note_exit
+from engine.runtime import Runtime
 from engine.settings import Settings
 from engine.tree import NodeStatus, Role
 from tests import engine_faults
@@ -242,3 +240,30 @@ def test_arbor_engine_kernels_refuses_bad_input_in_one_line(args: list[str]) -> 
                           capture_output=True, text=True, check=False)
     assert done.returncode == 2 and done.stdout == ""
     assert len(done.stderr.strip().splitlines()) == 1 and "Traceback" not in done.stderr
+
+
+# --- GPU layers -----------------------------------------------------------------------------
+
+
+def test_llama_cpps_fit_runs_through_its_binding_and_leaves_a_cpu_machine_as_it_is(
+    smollm2_path: Path,
+) -> None:
+    """`common_fit_params` measures the model and context without allocating; with no GPU it
+    only checks host memory and changes nothing. What it would do on a GPU is not checked
+    here (no GPU on this project's machines): this proves the hand-made binding calls it."""
+    fit = fit_gpu_layers(smollm2_path, ContextParams(n_ctx=2048, n_batch=512))
+    assert fit is not None and fit.ok and fit.n_gpu_layers == -1
+    assert not any(fit.tensor_split) and fit.overrides[0].pattern is None
+
+
+def test_all_that_fit_is_the_default_and_runs_on_the_cpu_without_a_word_here(
+    smollm2_path: Path,
+) -> None:
+    settings = Settings()
+    assert settings.n_gpu_layers == GPU_LAYERS_FIT
+    runtime = Runtime(smollm2_path, settings.runtime())
+    try:
+        assert gpu_devices() or (runtime.backend == "CPU" and runtime.gpu_layers == 0
+                                 and runtime.notices == [])
+    finally:
+        runtime.close()
