@@ -71,9 +71,24 @@ def parse_endpoint(text: str) -> Endpoint:
     host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
     if not sep or not host or len(host) > 253 or any(c.isspace() for c in host):
         raise RpcError(f"{text[:80]!r} is not a worker address (host:port)")
-    if not port.isdigit() or not 1 <= int(port) <= 65535:
+    # ASCII digits only: "²".isdigit() is true and int("²") raises.
+    if not (port.isascii() and port.isdigit()) or len(port) > 5 \
+            or not 1 <= int(port) <= 65535:
         raise RpcError(f"{text[:80]!r}: the port must be a number from 1 to 65535")
+    if ":" not in host and not _host_name_ok(host):
+        raise RpcError(f"{text[:80]!r} is not a worker address ({host[:80]!r} is not a host "
+                       f"name)")
     return Endpoint(host, int(port))
+
+
+def _host_name_ok(host: str) -> bool:
+    """Whether the resolver can be asked for `host`: no empty label (`gpu..lan`), each label
+    encodable as DNS needs it (what `socket` would otherwise raise UnicodeError on)."""
+    labels = host.removesuffix(".").split(".")
+    try:
+        return all(labels) and all(0 < len(label.encode("idna")) <= 63 for label in labels)
+    except UnicodeError:
+        return False
 
 
 def parse_endpoints(items: str | list[str] | tuple[str, ...]) -> tuple[Endpoint, ...]:
@@ -94,6 +109,8 @@ def probe(endpoint: Endpoint, timeout: float = PROBE_TIMEOUT_S) -> str | None:
         return f"no answer within {timeout:g} s"
     except OSError as exc:
         return exc.strerror or type(exc).__name__
+    except UnicodeError:  # a name the resolver cannot be asked for
+        return "not a host name the resolver can look up"
 
 
 def unreachable(endpoints: tuple[Endpoint, ...]) -> list[tuple[Endpoint, str]]:
