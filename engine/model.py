@@ -168,7 +168,7 @@ def file_sha256(path: Path, cache_dir: Path | None = None) -> str:
 def _read_hashes(store: Path) -> dict[str, object]:
     try:
         data = json.loads(store.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):  # a cache: a bad one only costs a re-hash
         return {}
     return data if isinstance(data, dict) else {}
 

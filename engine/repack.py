@@ -64,7 +64,7 @@ def _records_path(dirs: DataDirs | None) -> Path:
 def _read_records(dirs: DataDirs | None) -> dict[str, dict[str, Any]]:
     try:
         data = json.loads(_records_path(dirs).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return {}  # none yet, or unreadable: nothing is known to crash
     if not isinstance(data, dict):
         return {}
@@ -181,7 +181,7 @@ def note_exit(pid: int | None, exitcode: int | None, dirs: DataDirs | None = Non
         try:
             pending = json.loads(marker.read_text(encoding="utf-8"))
             marker.unlink()
-        except (OSError, ValueError):
+        except (OSError, ValueError, RecursionError):
             continue
         if exitcode not in _FAULTS or not isinstance(pending, dict) \
                 or not isinstance(pending.get("key"), str):

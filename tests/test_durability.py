@@ -212,3 +212,16 @@ def test_the_store_syncs_every_commit(tmp_path: Path, recover: bool) -> None:
         pragma = {name: store._db.execute(f"PRAGMA {name}").fetchone()[0]
                   for name in ("journal_mode", "synchronous", "foreign_keys")}
     assert pragma == {"journal_mode": "wal", "synchronous": 2, "foreign_keys": 1}
+
+
+def test_a_deeply_nested_hash_cache_costs_a_re_hash_not_every_load(tmp_path: Path) -> None:
+    """json.loads raised RecursionError, outside the load's error handling: the engine ended
+    at every load."""
+    import hashlib
+
+    model = tmp_path / "model.gguf"
+    model.write_bytes(b"GGUF" + bytes(100))
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "file-hashes.json").write_text("[" * 100_000 + "]" * 100_000, encoding="utf-8")
+    assert file_sha256(model, cache_dir=cache) == hashlib.sha256(model.read_bytes()).hexdigest()

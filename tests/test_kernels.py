@@ -267,3 +267,10 @@ def test_all_that_fit_is_the_default_and_runs_on_the_cpu_without_a_word_here(
                                  and runtime.notices == [])
     finally:
         runtime.close()
+
+
+def test_a_deeply_nested_record_file_is_no_record(smollm2_path: Path) -> None:
+    folder = data_dirs().cache / "kernels"
+    folder.mkdir(parents=True)
+    (folder / "faults.json").write_text("{\"a\":" * 100_000 + "1" + "}" * 100_000)
+    assert _guard(smollm2_path).decide().repack
