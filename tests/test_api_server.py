@@ -32,11 +32,13 @@ FIRST = "Tell me how a river delta forms, and why the silt settles where it does
 
 @contextmanager
 def serving(model: Path, db: Path, *, settings: Settings = SETTINGS, api_key: str | None = None,
-            max_queue: int = 16) -> Iterator[tuple[Server, OpenAI]]:
+            max_queue: int = 16, cors_origins: tuple[str, ...] = ()
+            ) -> Iterator[tuple[Server, OpenAI]]:
     engine = OwnEngine(model, settings)
     worker = ApiWorker(lambda: LocalTrees(db), engine, max_queue=max_queue)
     worker.start()
-    server = Server(worker, lambda: model_id_of(model), ServerOptions(port=0, api_key=api_key))
+    server = Server(worker, lambda: model_id_of(model),
+                    ServerOptions(port=0, api_key=api_key, cors_origins=cors_origins))
     server.start()
     client = OpenAI(base_url=server.url, api_key=api_key or "unused", max_retries=0,
                     timeout=TIMEOUT)
@@ -211,6 +213,50 @@ def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(
         assert ask(client, chat("Still there?")).choices[0].message.content is not None
     with Store(db) as store:  # the refused requests left no trace
         assert [i.title for i in store.list()] == ["API: Still there?"]
+
+
+def test_a_web_page_cannot_drive_the_api_by_rebinding_its_name_or_posting_plain_text(
+    tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    """Each of these answered 200 and ran the model into the user's conversations: a page
+    whose name was rebound to 127.0.0.1 (its Host), a cross-site fetch with a text/plain or
+    form body (no CORS preflight), any page's Origin."""
+    db = tmp_path / "a.db"
+    with serving(tiny_models["dense"], db, cors_origins=("http://allowed.example",)) as (
+            server, client):
+        root = f"http://127.0.0.1:{server.port}"
+        body = json.dumps({"messages": [{"role": "user", "content": "planted"}],
+                           "max_tokens": 4}).encode()
+        json_type = {"content-type": "application/json"}
+        refused = [
+            ("GET", "/v1/models", {"host": f"attacker.example:{server.port}"}, 403, "loopback"),
+            ("GET", "/arbor/stats", {"host": "attacker.example"}, 403, "loopback"),
+            ("POST", "/v1/chat/completions", {**json_type, "host": "attacker.example"}, 403,
+             "loopback"),
+            ("POST", "/v1/chat/completions", {"host": "[::1]", **json_type}, 403, "loopback"),
+            ("POST", "/v1/chat/completions", {"content-type": "text/plain"}, 415, "JSON"),
+            ("POST", "/v1/chat/completions",
+             {"content-type": "application/x-www-form-urlencoded"}, 415, "JSON"),
+            ("POST", "/v1/chat/completions", {}, 415, "JSON"),
+            ("POST", "/v1/chat/completions", {**json_type, "origin": "https://evil.example"},
+             403, "evil.example"),
+            ("GET", "/v1/models", {"origin": "null"}, 403, "null"),
+        ]
+        for method, path, headers, status, words in refused:
+            answer = httpx.request(method, root + path, headers=headers, timeout=TIMEOUT,
+                                   content=body if method == "POST" else None)
+            assert answer.status_code == status, (path, headers, answer.text[:200])
+            assert words in answer.json()["error"]["message"]
+        for headers in ({"host": f"localhost:{server.port}"},
+                        {"host": f"127.0.0.1:{server.port}"},
+                        {"origin": "http://allowed.example"}):
+            answer = httpx.get(root + "/v1/models", headers=headers, timeout=TIMEOUT)
+            assert answer.status_code == 200, (headers, answer.text[:200])
+        answer = httpx.post(root + "/v1/chat/completions", content=body, timeout=TIMEOUT,
+                            headers={"content-type": "application/json; charset=utf-8"})
+        assert answer.status_code == 200 and ask(client, chat("Still there?")).choices
+    with Store(db) as store:  # the refused requests left no trace
+        assert sorted(i.title for i in store.list()) == ["API: Still there?", "API: planted"]
 
 
 def test_a_key_is_required_when_set_and_other_addresses_need_the_flag(

@@ -43,6 +43,7 @@ from engine.api.worker import ApiWorker, Delivery, Job, Outcome, Text
 log = logging.getLogger(__name__)
 
 LOCAL_HOSTS = ("127.0.0.1", "localhost", "::1")
+JSON = "application/json"
 DISCONNECT_POLL_S = 0.25  # how often a waiting request checks that its client is still there
 
 
@@ -66,7 +67,7 @@ def check_binding(options: ServerOptions) -> None:
 
 def create_app(worker: ApiWorker, model_id: Callable[[], str], options: ServerOptions
                ) -> Starlette:
-    api = _Api(worker, model_id, options.api_key)
+    api = _Api(worker, model_id, options)
     middleware = [Middleware(CORSMiddleware, allow_origins=list(options.cors_origins),
                              allow_methods=["GET", "POST"],
                              allow_headers=["authorization", "content-type"])
@@ -81,21 +82,47 @@ def create_app(worker: ApiWorker, model_id: Callable[[], str], options: ServerOp
 
 
 class _Api:
-    def __init__(self, worker: ApiWorker, model_id: Callable[[], str], api_key: str | None
+    def __init__(self, worker: ApiWorker, model_id: Callable[[], str], options: ServerOptions
                  ) -> None:
         self.worker = worker
         self.model_id = model_id
-        self._key = api_key.encode() if api_key else None
+        self._key = options.api_key.encode() if options.api_key else None
+        self._any_host = options.allow_remote
+        # The names of the loopback address it listens on ("localhost" names both).
+        self._hosts = {"localhost", options.host} | (
+            {"127.0.0.1", "::1"} if options.host == "localhost" else set())
+        self._origins = frozenset(options.cors_origins)
 
     def guarded(self, handler: Callable[[Request], Awaitable[Response]]
                 ) -> Callable[[Request], Awaitable[Response]]:
         async def run(request: Request) -> Response:
             try:
+                self._admit(request)
                 self._authorize(request)
                 return await handler(request)
             except ApiError as error:
                 return _error(error)
         return run
+
+    def _admit(self, request: Request) -> None:
+        """Refuse what a web page in the user's browser can send: a request to a name that
+        was rebound to this machine (DNS rebinding), one from a page's origin that was not
+        allowed, and a body that is not JSON (a form or text/plain body needs no CORS
+        preflight, so the browser would send it from any page)."""
+        if not self._any_host:
+            host = _host_name(request.headers.get("host", ""))
+            if host not in self._hosts:
+                raise ApiError(403, f"this server answers requests to the loopback address "
+                                    f"only, not to {host[:80]!r}", code="host_not_allowed")
+        origin = request.headers.get("origin")
+        if origin is not None and origin not in self._origins:
+            raise ApiError(403, f"requests from the web page at {origin[:80]!r} are refused "
+                                f"(--cors-origin allows an origin)", code="origin_not_allowed")
+        if request.method == "POST":
+            kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+            if kind != JSON:
+                raise ApiError(415, f"the body must be JSON, sent as 'Content-Type: {JSON}'",
+                               code="unsupported_media_type")
 
     def _authorize(self, request: Request) -> None:
         if self._key is None:
@@ -212,6 +239,14 @@ async def _body(request: Request) -> bytes:
             raise _too_large(size)
         parts.append(part)
     return b"".join(parts)
+
+
+def _host_name(header: str) -> str:
+    """The name in a Host header, without its port ("[::1]:8080" -> "::1")."""
+    header = header.strip().lower()
+    if header.startswith("["):
+        return header[1:header.find("]")] if "]" in header else header
+    return header.rsplit(":", 1)[0] if header.count(":") == 1 else header
 
 
 def _too_large(size: int) -> ApiError:
