@@ -11,6 +11,7 @@ import argparse
 import contextlib
 import json
 import logging
+import os
 import sys
 from collections.abc import Iterator
 from dataclasses import replace
@@ -115,7 +116,12 @@ def build_parser() -> argparse.ArgumentParser:
                          "and --api-key)")
     sv.add_argument("--port", type=int, default=8080)
     sv.add_argument("--model", default="default", help="a GGUF path or 'default'")
-    sv.add_argument("--api-key", help="clients must send 'Authorization: Bearer KEY'")
+    key = sv.add_mutually_exclusive_group()
+    key.add_argument("--api-key", help="clients must send 'Authorization: Bearer KEY' (every "
+                                       "local user can read a command line: prefer the file "
+                                       "or ARBOR_API_KEY)")
+    key.add_argument("--api-key-file", type=Path, metavar="FILE",
+                     help="the key, from a file only you can read (mode 0600)")
     sv.add_argument("--allow-remote", action="store_true",
                     help="let other machines connect (with --api-key)")
     sv.add_argument("--cors-origin", action="append", default=[], metavar="ORIGIN",
@@ -231,12 +237,16 @@ def _run(args: argparse.Namespace) -> int:
 
 def _serve(args: argparse.Namespace) -> int:
     from engine.api.serve import serve  # the HTTP stack: only the command that serves
-    from engine.api.server import ServerOptions
+    from engine.api.server import ServerOptions, api_key_of
     from engine.settings import load_settings
 
     if not 0 <= args.port <= 65535:
         raise UsageError(f"--port must be 0..65535, not {args.port}")
-    options = ServerOptions(host=args.host, port=args.port, api_key=args.api_key,
+    try:
+        api_key = api_key_of(args.api_key, args.api_key_file, os.environ)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    options = ServerOptions(host=args.host, port=args.port, api_key=api_key,
                             allow_remote=args.allow_remote,
                             cors_origins=tuple(args.cors_origin))
     settings = replace(load_settings().settings, rpc_workers=args.rpc)

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
+import sys
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -17,13 +19,14 @@ import pytest
 from openai import OpenAI
 
 from engine.api.engines import OwnEngine
-from engine.api.server import Server, ServerOptions, check_binding, model_id_of
+from engine.api.server import Server, ServerOptions, api_key_of, check_binding, model_id_of
 from engine.api.trees import LocalTrees
 from engine.api.worker import ApiWorker
 from engine.settings import Settings
 from engine.store import Store
 from engine.tree import NodeStatus, Role
 
+ROOT = Path(__file__).resolve().parents[1]
 TIMEOUT = 240.0  # a hang guard, not a speed claim
 SETTINGS = Settings(n_ctx=1024, max_tokens=12)
 SYSTEM = "You are a patient guide to rivers. " * 6
@@ -304,3 +307,38 @@ def test_a_client_that_leaves_mid_stream_stops_its_reply_and_frees_the_engine(
         reply = store.load(info.id).messages()[-1]
         assert reply.role is Role.ASSISTANT and reply.status is NodeStatus.INTERRUPTED
         assert reply.text
+
+
+def test_the_api_key_comes_from_a_private_file_or_the_environment(tmp_path: Path) -> None:
+    """It could only be given on the command line, which every local user can read."""
+    private = tmp_path / "key"
+    private.write_text("s3cret-ü\n", encoding="utf-8")
+    private.chmod(0o600)
+    assert api_key_of(None, private, {}) == "s3cret-ü"
+    assert api_key_of(None, None, {"ARBOR_API_KEY": "from-env"}) == "from-env"
+    assert api_key_of("flag", None, {"ARBOR_API_KEY": "from-env"}) == "flag"
+    assert api_key_of(None, None, {}) is None
+    private.chmod(0o644)
+    with pytest.raises(ValueError, match="chmod 600"):
+        api_key_of(None, private, {})
+    with pytest.raises(ValueError, match="cannot read"):
+        api_key_of(None, tmp_path / "missing", {})
+    done = subprocess.run(
+        [sys.executable, "-m", "engine", "serve", "--api-key-file", str(private)],
+        cwd=ROOT, capture_output=True, text=True, check=False)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
+    assert "chmod 600" in done.stderr
+
+
+def test_a_key_with_non_ascii_characters_works_when_it_is_right(
+    tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    """The header was compared after a Latin-1 decode and a UTF-8 encode: refused when right."""
+    key = "clé-ü-\u6f22"
+    with serving(tiny_models["dense"], tmp_path / "a.db", api_key=key) as (server, _client):
+        def models(value: bytes) -> int:
+            return httpx.get(server.url + "/models", headers={"authorization": value},
+                             timeout=TIMEOUT).status_code
+
+        assert models(b"Bearer " + key.encode("utf-8")) == 200
+        assert models(b"Bearer " + key.encode("latin-1", "replace")) == 401

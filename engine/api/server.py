@@ -11,9 +11,11 @@ import asyncio
 import hmac
 import json
 import logging
+import os
 import socket
+import stat
 import threading
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -56,6 +58,40 @@ class ServerOptions:
     cors_origins: tuple[str, ...] = ()
 
 
+API_KEY_ENV = "ARBOR_API_KEY"
+MAX_API_KEY_BYTES = 4096
+
+
+def api_key_of(flag: str | None, file: Path | None, environ: Mapping[str, str]) -> str | None:
+    """The API key: from the command line, a file only its owner can read, or ARBOR_API_KEY
+    (a command line is readable by every local user). Raises ValueError for a file that is
+    not such a file."""
+    if flag is not None:
+        return flag or None
+    if file is not None:
+        try:
+            info = file.stat()
+            if not stat.S_ISREG(info.st_mode):
+                raise ValueError(f"{file} is not a file")
+            if os.name == "posix" and info.st_mode & (stat.S_IRWXG | stat.S_IRWXO):
+                raise ValueError(f"{file} can be read by other users: chmod 600 it")
+            with file.open("rb") as f:
+                raw = f.read(MAX_API_KEY_BYTES + 1)
+        except OSError as exc:
+            raise ValueError(f"cannot read the API key from {file}: "
+                             f"{exc.strerror or exc}") from None
+        if len(raw) > MAX_API_KEY_BYTES:
+            raise ValueError(f"{file} is too long for an API key")
+        try:
+            key = raw.decode("utf-8").strip()
+        except UnicodeDecodeError:
+            raise ValueError(f"{file} is not UTF-8 text") from None
+        if not key or "\n" in key:
+            raise ValueError(f"{file} must hold the key on one line")
+        return key
+    return environ.get(API_KEY_ENV) or None
+
+
 def check_binding(options: ServerOptions) -> None:
     """Refuse to listen beyond this machine without the explicit flag and a key."""
     if options.host in LOCAL_HOSTS:
@@ -86,7 +122,7 @@ class _Api:
                  ) -> None:
         self.worker = worker
         self.model_id = model_id
-        self._key = options.api_key.encode() if options.api_key else None
+        self._key = options.api_key.encode("utf-8") if options.api_key else None
         self._any_host = options.allow_remote
         # The names of the loopback address it listens on ("localhost" names both).
         self._hosts = {"localhost", options.host} | (
@@ -127,7 +163,10 @@ class _Api:
     def _authorize(self, request: Request) -> None:
         if self._key is None:
             return
-        given = request.headers.get("authorization", "").encode("utf-8", "replace")
+        # The header's bytes as sent (a key with non-ASCII characters comes as UTF-8; the
+        # decoded header is Latin-1).
+        given = next((value for name, value in request.scope["headers"]
+                      if name == b"authorization"), b"")
         if not hmac.compare_digest(given, b"Bearer " + self._key):
             raise ApiError(401, "a valid API key is needed: 'Authorization: Bearer <key>'",
                            code="invalid_api_key")
