@@ -15,7 +15,7 @@ import codecs
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -24,29 +24,10 @@ import numpy as np
 
 from engine.checkpoints import Checkpoint, Identity
 from engine.errors import ArborError, Cancelled, ContextOverflowError, DecodeError
-from engine.llama import (
-    GpuFit,
-    LlamaContext,
-    LlamaModel,
-    Sampler,
-    SamplingParams,
-    fit_gpu_layers,
-    gpu_backend_name,
-    gpu_description,
-    native_backends,
-    supports_gpu_offload,
-)
+from engine.llama import LlamaContext, LlamaModel, Sampler, SamplingParams
 from engine.model import MemoryKind, file_sha256
-from engine.params import (
-    GPU_LAYERS_FIT,
-    ContextParams,
-    FinishReason,
-    FlashAttention,
-    RuntimeSettings,
-    Source,
-)
-from engine.repack import Decision, RepackGuard
-from engine.rpc import WorkersUnreachable, parse_endpoints, unreachable
+from engine.params import FinishReason, RuntimeSettings, Source
+from engine.placement import place
 from engine.schedule import CPU_GRID, GPU_GRID, Schedule, decode_schedule
 
 log = logging.getLogger(__name__)
@@ -98,59 +79,23 @@ class Runtime:
     ) -> None:
         """`repack`: False loads without weight repacking; None lets engine.repack decide."""
         self.settings = settings or RuntimeSettings()
-        self.notices: list[str] = []
-        endpoints = parse_endpoints(self.settings.rpc_workers)
-        workers = tuple(str(e) for e in endpoints)
-        gone = unreachable(endpoints)
-        if gone:  # llama.cpp would abort the process on registering one of these
-            raise WorkersUnreachable(gone)
-        n_gpu_layers = self.settings.n_gpu_layers
-        context = self.settings.context_params()
-        fitting = n_gpu_layers == GPU_LAYERS_FIT
-        if workers:
-            if n_gpu_layers in (0, GPU_LAYERS_FIT):
-                n_gpu_layers, fitting = -1, False  # the workers are there to take the layers
-            if context.flash_attn is not FlashAttention.ON:
-                # Without it a state save over RPC is one round trip per cell (LESSONS.md).
-                context = replace(context, flash_attn=FlashAttention.ON)
-                self.notices.append("flash attention is on: RPC workers need it")
-        gpu = gpu_backend_name() if n_gpu_layers != 0 and supports_gpu_offload() else None
-        if fitting and gpu is None:
-            n_gpu_layers, fitting = 0, False  # no GPU here: the CPU, as asked
-        if n_gpu_layers != 0 and gpu is None and not workers:
-            message = (
-                "GPU offload was requested but this llama.cpp build has no GPU backend; "
-                "running on the CPU"
-            )
-            log.warning(message)
-            self.notices.append(message)
-            n_gpu_layers = 0
-        self.backend = gpu or "CPU"
-        if gpu is not None:
-            self.backend += f" ({gpu_description() or 'GPU'})"  # the status bar names it
-        if workers:
-            self.backend += f" + {len(workers)} RPC worker{'s' if len(workers) > 1 else ''}"
-        self.devices = ",".join([(gpu or "cpu").lower(), *(f"rpc:{w}" for w in workers)])
+        placed = place(model_path, self.settings, repack)
+        self.notices = placed.notices
+        self.backend, self.devices = placed.backend, placed.devices
+        self.repack, self.kernels = placed.repack, placed.kernels
+        self._guard = placed.guard
+        gpu, workers, context = placed.gpu, placed.workers, placed.context
         # Until the canary and the first prompt have been decoded, a fault of this process
         # means the fast kernels crash here (engine.repack).
-        native = native_backends()
-        self._guard = RepackGuard(model_path, native)
-        decision = self._guard.decide() if repack is not False else \
-            Decision(False, "off as asked")
-        self.repack = decision.repack
-        self.kernels = native.cpu_variant if decision.repack else \
-            f"{native.cpu_variant}, no repacking"
-        if decision.notice is not None:
-            log.warning("%s", decision.notice)
-            self.notices.append(decision.notice)
-        if decision.repack:
+        if placed.repack:
             self._guard.arm()
-        fit = self._fit(model_path, context, decision.repack) if fitting else None
-        self.gpu_layers = fit.n_gpu_layers if fit is not None else n_gpu_layers
+        fit = placed.fit_layers() if placed.fitting else None
+        n_gpu_layers = self.gpu_layers = fit.n_gpu_layers if fit is not None else \
+            placed.n_gpu_layers
         try:
             self.model = LlamaModel(
                 model_path, n_gpu_layers=n_gpu_layers, rpc_workers=workers,
-                on_progress=on_load_progress, repack=decision.repack, fit=fit,
+                on_progress=on_load_progress, repack=placed.repack, fit=fit,
             )
             try:
                 self.ctx = LlamaContext(self.model, context)
@@ -192,20 +137,6 @@ class Runtime:
             "loaded %s: %s, memory %s, n_ctx %d, backend %s",
             model_path.name, self.model.description(), self.memory_kind, self.n_ctx, self.backend,
         )
-
-    def _fit(self, model_path: Path, context: ContextParams, repack: bool) -> GpuFit | None:
-        """llama.cpp's fit of the layers to the GPU's free memory (every layer if this build
-        cannot fit), said in the notices when not all fit."""
-        fit = fit_gpu_layers(model_path, context, repack=repack)
-        if fit is None:
-            log.warning("llama.cpp's fit is not in this build: every layer goes to the GPU")
-            return None
-        log.info("llama.cpp's fit: %d GPU layers%s", fit.n_gpu_layers,
-                 "" if fit.ok else " (projected not to fit even so)")
-        if not fit.ok:
-            self.notices.append(f"the model is projected not to fit this GPU's free memory "
-                                f"even with {fit.n_gpu_layers} layers on it")
-        return fit
 
     def close(self) -> None:
         self._pending_capture = None

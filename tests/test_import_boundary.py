@@ -49,7 +49,7 @@ def test_the_check_would_notice_a_qt_import() -> None:
 # engine (settings, scenarios, the store, files, the command line's other commands) and the
 # app's value and widget modules must not: they are read where no model is loaded.
 NATIVE = {"engine.llama", "engine.runtime", "engine.generator", "engine.session", "engine.replay",
-          "engine.bench.limits", "engine.kernels",
+          "engine.bench.limits", "engine.kernels", "engine.placement",
           "engine.service"}
 NATIVE_FREE_APP = ["app.main_window", "app.controller", "app.replies", "app.engine_client",
                    "app.theme", "app.icons", "app.settings_dialog", "app.model_picker",
