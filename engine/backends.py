@@ -48,10 +48,10 @@ def library_name(base: str) -> str:
     return f"lib{base}.dylib" if sys.platform == "darwin" else f"lib{base}.so"
 
 
-def _linked_file(folder: Path, base: str) -> Path:
-    """The file of `base` that libllama links (by its versioned name, `libggml.so.0`): a
-    wheel holds copies, not links, of `libggml.so`, and a copy loaded beside it would be a
-    second llama.cpp with a backend registry of its own."""
+def linked_file(folder: Path, base: str) -> Path:
+    """The file of `base` in `folder` that the others link (by its versioned name,
+    `libggml.so.0`): a wheel holds copies, not links, of `libggml.so`, and a copy loaded
+    beside it would be a second llama.cpp with a backend registry of its own."""
     plain = library_name(base)
     versioned = f"{plain}.0" if plain.endswith(".so") else plain.replace(".dylib", ".0.dylib")
     for name in (versioned, plain):
@@ -119,7 +119,7 @@ def ggml() -> ctypes.CDLL:
     global _ggml_lib
     with _lock:
         if _ggml_lib is None:
-            lib = ctypes.CDLL(str(_linked_file(library_dir(), "ggml")))
+            lib = ctypes.CDLL(str(linked_file(library_dir(), "ggml")))
             vp, cp, sz = ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t
             for name, args, result in (
                 ("ggml_backend_load", [cp], vp),

@@ -444,14 +444,13 @@ def _common_library() -> ctypes.CDLL | None:
     wheel's top-level lib/); None if this build has none."""
     folder = backends.library_dir()
     for where in (folder, folder.parent.parent / "lib"):
-        path = where / backends.library_name("llama-common")
-        for candidate in (where / f"{path.name}.0", path):
-            if candidate.exists():
-                try:
-                    return ctypes.CDLL(str(candidate))
-                except OSError as exc:
-                    log.warning("llama.cpp's common library cannot be loaded: %s", exc)
-                    return None
+        candidate = backends.linked_file(where, "llama-common")
+        if candidate.exists():
+            try:
+                return ctypes.CDLL(str(candidate))
+            except OSError as exc:
+                log.warning("llama.cpp's common library cannot be loaded: %s", exc)
+                return None
     return None
 
 

@@ -90,7 +90,7 @@ def place(model: Path, settings: RuntimeSettings, repack: bool | None = None) ->
         backend += f" + {len(workers)} RPC worker{'s' if len(workers) > 1 else ''}"
     native = native_backends()
     guard = RepackGuard(model, native)
-    decision = guard.decide() if repack is not False else Decision(False, "off as asked")
+    decision = guard.decide() if repack is not False else Decision(False)
     if decision.notice is not None:
         log.warning("%s", decision.notice)
         notices.append(decision.notice)

@@ -87,8 +87,12 @@ class RemoteReplier:
             return self._send_load(self._load)
         except KernelsCrashed as exc:
             log.warning("%s; starting it again", exc)
-            self.process = EngineProcess(log_file=self.process.log_file)
-            return self._send_load(self._load)
+            return self._restart(self._load)
+
+    def _restart(self, load: LoadRequest) -> ModelLoaded:
+        """A new engine process (its log where the last one's went), `load` loaded."""
+        self.process = EngineProcess(log_file=self.process.log_file)
+        return self._send_load(load)
 
     def _send_load(self, request: LoadRequest) -> ModelLoaded:
         self.process.send(request)
@@ -106,19 +110,20 @@ class RemoteReplier:
               cancel: CancelFn | None = None, sampling: SamplingParams | None = None,
               overflow: Overflow = Overflow.STOP) -> ReplyResult:
         first, self._prompted = not self._prompted, True
-        try:
+
+        def ask() -> ReplyResult:
             return self._reply(path, resume=resume, max_tokens=max_tokens, seed=seed,
                                on_progress=on_progress, on_piece=on_piece, cancel=cancel,
                                sampling=sampling, overflow=overflow)
+
+        try:
+            return ask()
         except KernelsCrashed as exc:
             if not first or self._load is None:
                 raise
             log.warning("%s; loading the model again and asking again", exc)
-            self.process = EngineProcess(log_file=self.process.log_file)
-            self._send_load(self._load)
-            return self._reply(path, resume=resume, max_tokens=max_tokens, seed=seed,
-                               on_progress=on_progress, on_piece=on_piece, cancel=cancel,
-                               sampling=sampling, overflow=overflow)
+            self._restart(self._load)
+            return ask()
 
     def _reply(self, path: Sequence[Node], *, resume: Node | None, max_tokens: int, seed: int,
                on_progress: ProgressFn | None, on_piece: PieceFn | None,

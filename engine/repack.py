@@ -47,6 +47,7 @@ log = logging.getLogger(__name__)
 # an AMX CPU, where the kernels that crash are the fast ones.
 REPACK_OFF_COST = "measured on an AVX-512 CPU: as fast, within 10%"
 CRASHED = "llama.cpp's optimized kernels crashed on this CPU; running without them"
+CRASHED_NOW = "llama.cpp's optimized kernels crashed on this CPU; it runs without them from now on"
 KNOWN_BAD = "llama.cpp's AMX kernels crash on this CPU; running without weight repacking"
 # Fatal signals that mean the kernels faulted, as an exit code (negative) or Windows status.
 _FAULTS = frozenset({-signal.SIGSEGV, -signal.SIGILL, -signal.SIGBUS, -signal.SIGFPE,
@@ -112,7 +113,6 @@ def combination_key(model: Path, backends: Backends) -> tuple[str, dict[str, str
 @dataclass(frozen=True)
 class Decision:
     repack: bool
-    why: str  # "on", or why off, in words (logs, the model's details)
     notice: str | None = None  # what to tell the user now (once per combination)
 
 
@@ -127,23 +127,21 @@ class RepackGuard:
         self._marker: Path | None = None
 
     def decide(self) -> Decision:
-        if self.backends.repack_known_bad:
-            return self._once(KNOWN_BAD, "known")
-        record = _read_records(self.dirs).get(self.key)
-        if record is not None:
-            return self._once(CRASHED, "crashed")
-        return Decision(True, "on")
-
-    def _once(self, words: str, kind: str) -> Decision:
-        """Off; the notice only the first time (the record remembers it was told)."""
+        """Off where known or recorded to crash, with the notice only the first time (the
+        record remembers it was told)."""
         records = _read_records(self.dirs)
-        record = records.get(self.key) or {**self.parts, "why": kind, "when": _now()}
-        told = bool(record.get("told"))
-        if not told:
-            records[self.key] = {**record, "told": True}
-            _write_records(records, self.dirs)
-        text = f"{words} ({REPACK_OFF_COST})"
-        return Decision(False, text, None if told else text)
+        record = records.get(self.key)
+        if record is not None:
+            words = CRASHED
+        elif self.backends.repack_known_bad:
+            words, record = KNOWN_BAD, {**self.parts, "why": "known", "when": _now()}
+        else:
+            return Decision(True)
+        if record.get("told"):
+            return Decision(False)
+        records[self.key] = {**record, "told": True}
+        _write_records(records, self.dirs)
+        return Decision(False, f"{words} ({REPACK_OFF_COST})")
 
     def arm(self) -> None:
         """From here until `disarm`, a fault of this process means these kernels."""
@@ -193,15 +191,8 @@ def note_exit(pid: int | None, exitcode: int | None, dirs: DataDirs | None = Non
         _write_records(records, dirs)
         log.warning("the engine faulted while loading %s; it loads without weight repacking "
                     "from now on", pending.get("model"))
-        fallback = (f"{CRASHED.removesuffix('; running without them')}; it runs "
-                    "without them from now on")
+        fallback = CRASHED_NOW
     return fallback
-
-
-def forget_all(dirs: DataDirs | None = None) -> None:
-    """Try the fast kernels again everywhere (after a llama.cpp update, say)."""
-    with contextlib.suppress(OSError):
-        _records_path(dirs).unlink()
 
 
 def _forget_dead_markers(folder: Path) -> None:

@@ -61,6 +61,14 @@ def open_window(qtbot: QtBot, tmp_path: Path, model: Path,
     return win
 
 
+def warnings_shown(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """The texts of the window's warning dialogs from now on (none of them opens)."""
+    shown: list[str] = []
+    monkeypatch.setattr("app.main_window.QMessageBox.warning",
+                        lambda _parent, _title, text: shown.append(text))
+    return shown
+
+
 def destroy(*objects: QObject) -> None:
     """Destroy them now: a window left for the garbage collector still answers app-wide
     signals (a theme change repaints its icons) in the tests that follow."""

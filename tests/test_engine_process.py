@@ -25,17 +25,10 @@ from engine.params import Source
 from engine.protocol import Crash, CrashKind, GenerateRequest, Request
 from engine.reply import ReplyReport
 from engine.tree import NodeStatus, Role
-from tests.app_fixtures import TIMEOUT, process_gone, send
+from tests.app_fixtures import TIMEOUT, process_gone, send, warnings_shown
 
 ROOT = Path(__file__).resolve().parents[1]
 LONG = " ".join(f"Line {i}: the river carries silt to the delta and the sea." for i in range(120))
-
-
-def _messages(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    shown: list[str] = []
-    monkeypatch.setattr("app.main_window.QMessageBox.warning",
-                        lambda _parent, _title, text: shown.append(text))
-    return shown
 
 
 def _engine(window: MainWindow) -> ProcessEngine:
@@ -64,7 +57,7 @@ def _kill_when(qtbot: QtBot, window: MainWindow, signal_: object, text: str) -> 
 def test_the_engine_killed_mid_prefill_costs_no_word_and_comes_back(
     qtbot: QtBot, window: MainWindow, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    shown = _messages(monkeypatch)
+    shown = warnings_shown(monkeypatch)
     send(qtbot, window, "Hello")
     before = [(n.role, n.text) for n in window.tree.messages()]
     dead = _kill_when(qtbot, window, window.replies.preparing, LONG)
@@ -83,7 +76,7 @@ def test_the_engine_killed_mid_prefill_costs_no_word_and_comes_back(
 def test_the_engine_killed_mid_reply_keeps_the_reply_interrupted_and_continuable(
     qtbot: QtBot, window: MainWindow, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    shown = _messages(monkeypatch)
+    shown = warnings_shown(monkeypatch)
     # A fixed seed: the tiny random model says something under it (a fresh seed may not).
     # A reply as long as the context allows, so that it is still being written when the
     # window shows its first words and kills the engine (400 tokens were once all written
@@ -133,7 +126,7 @@ def _edit_during_a_reply_then_kill(qtbot: QtBot, window: MainWindow) -> None:
 def test_an_edit_waiting_on_a_reply_when_the_engine_dies_is_answered_after_the_reload(
     qtbot: QtBot, window: MainWindow, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    shown = _messages(monkeypatch)
+    shown = warnings_shown(monkeypatch)
     with qtbot.waitSignal(window.model_ready, timeout=TIMEOUT):
         _edit_during_a_reply_then_kill(qtbot, window)
     # Loaded again: the edit runs and is answered by the new engine.
@@ -154,7 +147,7 @@ def test_an_edit_whose_answer_had_not_begun_when_the_engine_died_is_answered_aft
 ) -> None:
     """The other order: the reply stops, the waiting edit runs and its answer is sent, and
     only then does the engine die, before the answer said a word."""
-    shown = _messages(monkeypatch)
+    shown = warnings_shown(monkeypatch)
     send(qtbot, window, "First question")
     asked = window.tree.messages()[0]
     engine = _engine(window)
@@ -186,7 +179,7 @@ def test_an_edit_whose_answer_had_not_begun_when_the_engine_died_is_answered_aft
 def test_an_edit_waiting_when_the_engine_is_given_up_is_saved_unanswered(
     qtbot: QtBot, window: MainWindow, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    shown = _messages(monkeypatch)
+    shown = warnings_shown(monkeypatch)
     monkeypatch.setattr(window.replies, "_deaths", MAX_RESTARTS - 1)  # the last chance
     _edit_during_a_reply_then_kill(qtbot, window)
     qtbot.waitUntil(lambda: not window.engine.running, timeout=TIMEOUT)
@@ -201,7 +194,7 @@ def test_an_edit_waiting_when_the_engine_is_given_up_is_saved_unanswered(
 def test_llama_cpp_aborting_is_reported_and_the_engine_reloads(
     qtbot: QtBot, window: MainWindow, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    shown = _messages(monkeypatch)
+    shown = warnings_shown(monkeypatch)
     with qtbot.waitSignal(window.model_ready, timeout=TIMEOUT):
         _engine(window).send(Crash(CrashKind.ABORT))
     assert len(shown) == 1 and "llama.cpp aborted" in shown[0]
@@ -213,7 +206,7 @@ def test_an_engine_that_dies_on_every_start_ends_in_a_message_not_a_loop(
     qtbot: QtBot, window: MainWindow, monkeypatch: pytest.MonkeyPatch,
     tiny_models: dict[str, Path],
 ) -> None:
-    shown = _messages(monkeypatch)
+    shown = warnings_shown(monkeypatch)
     monkeypatch.setattr(engine.process, "child_main",
                         __import__("tests.engine_faults").engine_faults.abort_at_start)
     _engine(window).send(Crash(CrashKind.KILL))
@@ -276,7 +269,7 @@ def test_disk_tier_checkpoints_outlive_the_engine_and_serve_the_next_one(
     """The checkpoints a killed engine spilled to disk are offered to the engine that
     replaces it: the first prepare after the restart restores the prompt-end state instead
     of decoding the long message again."""
-    shown = _messages(monkeypatch)
+    shown = warnings_shown(monkeypatch)
     window = smol_window
     # 16 MiB of RAM holds less than one state of this long prompt: the rest spills.
     window.models.apply_settings(replace(window.settings, checkpoint_ram_mib=16, max_tokens=8))

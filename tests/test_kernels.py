@@ -35,7 +35,7 @@ from engine.runtime import Runtime
 from engine.settings import Settings
 from engine.tree import NodeStatus, Role
 from tests import engine_faults
-from tests.app_fixtures import TIMEOUT, destroy, open_window, send
+from tests.app_fixtures import TIMEOUT, destroy, open_window, send, warnings_shown
 
 ROOT = Path(__file__).resolve().parents[1]
 PORTABLE = Backends(portable=True, cpu_variant="zen4")
@@ -143,13 +143,6 @@ def test_amx_kernels_linked_in_on_an_amx_cpu_turn_repacking_off_up_front(
 # --- engines that crash on purpose ----------------------------------------------------------
 
 
-def _messages(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    shown: list[str] = []
-    monkeypatch.setattr("app.main_window.QMessageBox.warning",
-                        lambda _parent, _title, text: shown.append(text))
-    return shown
-
-
 @pytest.fixture
 def windows(qtbot: QtBot, tmp_path: Path) -> Iterator[Callable[[Path], MainWindow]]:
     """Open a window on a model with the engine process as the app runs it (whatever
@@ -176,7 +169,7 @@ def test_kernels_that_crash_in_the_canary_cost_one_restart_then_never_again(
     qtbot: QtBot, windows: Callable[[Path], MainWindow], smollm2_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    shown = _messages(monkeypatch)
+    shown = warnings_shown(monkeypatch)
     monkeypatch.setattr(engine.process, "child_main", engine_faults.faults_while_repacking)
     notices: list[str] = []
     window = windows(smollm2_path)
@@ -202,7 +195,7 @@ def test_kernels_that_crash_on_the_first_prompt_get_the_question_answered_after_
     qtbot: QtBot, windows: Callable[[Path], MainWindow], smollm2_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    shown = _messages(monkeypatch)
+    shown = warnings_shown(monkeypatch)
     monkeypatch.setattr(engine.process, "child_main", engine_faults.faults_on_the_first_prompt)
     window = windows(smollm2_path)
     assert shown == [] and _details(window)["kernels"] == native_backends().cpu_variant
