@@ -11,7 +11,14 @@ them one at a time. So Stop takes effect within a chunk or a token whatever is r
 front end's send never waits for the engine to finish something. Checkpoint blobs cross as
 raw bytes (`send_bytes`), one message each, never inside one giant pickle. The child exits as
 soon as its parent is gone: the connection's end of file (the kernel closes the parent's end
-when the parent dies, however it dies).
+when the parent dies, however it dies), and as soon as a message cannot be read (a reader
+that went on would leave the engine deaf and its front end waiting).
+
+An engine can also go silent without ending: stopped (SIGSTOP, a debugger), or hung in a way
+that takes the whole process. A third thread in the child sends a heartbeat (`Alive`) every
+HEARTBEAT_S whatever the engine does (llama.cpp's calls release the GIL, so a long decode
+does not hold it back); the parent's `recv` swallows them, and one that hears nothing at all
+for `silence_s` kills the process and reports it dead, so it is restarted like a crashed one.
 
 This module loads no native library in the parent: the service is imported in the child.
 """
@@ -26,6 +33,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -33,7 +41,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from engine.protocol import (
+    EXIT_UNREADABLE,
     AdoptCheckpoints,
+    Alive,
     Crash,
     CrashKind,
     EngineDied,
@@ -53,22 +63,36 @@ log = logging.getLogger(__name__)
 
 # How long a clean shutdown may take (a stop lands within a chunk) before the process is killed.
 SHUTDOWN_TIMEOUT_S = 10.0
+# The child's heartbeat, and how long the parent waits without hearing anything (an event or
+# a heartbeat) before it declares the engine dead: generous, for a machine that swaps.
+HEARTBEAT_S = 1.0
+SILENCE_S = 30.0
+# Before the child's first word: starting a Python process and importing llama.cpp can take
+# long on a loaded machine.
+STARTUP_SILENCE_S = 120.0
 
 
 class EngineProcess:
     """The parent's handle on one engine process. `send` and the control calls are safe
     from any thread; `recv` is for one reader (it blocks)."""
 
-    def __init__(self, *, epoch: int = 0, log_file: Path | None = None) -> None:
+    def __init__(self, *, epoch: int = 0, log_file: Path | None = None,
+                 silence_s: float | None = None) -> None:
         """`epoch`: the real-request count to go on from (a restart keeps it). `log_file`:
         the engine's stderr (its log, llama.cpp's own messages, a native crash's stack)
-        goes there instead of this process's (a command line's one-line contract)."""
+        goes there instead of this process's (a command line's one-line contract).
+        `silence_s`: how long `recv` waits without a word from the engine before it kills
+        it and reports it dead (SILENCE_S by default)."""
         context = multiprocessing.get_context("spawn")  # never fork a process with Qt threads
         ours, theirs = context.Pipe(duplex=True)
         self._conn: Connection = ours
         self._send_lock = threading.Lock()
         self._epoch = epoch
         self.log_file = log_file
+        self.silence_s = SILENCE_S if silence_s is None else silence_s
+        self._heard = False  # anything from the child yet
+        self._last_heard = time.monotonic()
+        self._pending: Event | None = None  # read by `poll`, not yet returned by `recv`
         self._process: BaseProcess = context.Process(
             target=child_main,
             args=(theirs, logging.getLogger().getEffectiveLevel(),
@@ -131,21 +155,75 @@ class EngineProcess:
 
     def poll(self, timeout: float) -> bool:
         """Whether an event (or the engine's death) is there to `recv`, waiting up to
-        `timeout` seconds."""
-        try:
-            return self._conn.poll(timeout)
-        except (EOFError, OSError):
-            return True
+        `timeout` seconds. For the one reader, like `recv`."""
+        deadline = time.monotonic() + timeout
+        while self._pending is None:
+            # Wait no longer than the silence allowed: a stopped engine sends nothing.
+            wait = min(deadline - time.monotonic(),
+                       self._allowed_silence() - self._silent_for())
+            if self._wait(max(0.0, wait)):
+                event = self._read()
+                if not isinstance(event, Alive):
+                    self._pending = event
+                continue
+            if self._silent_for() >= self._allowed_silence():
+                self._pending = self._declare_silent()
+                break
+            if time.monotonic() >= deadline:
+                return False
+        return True
 
     def recv(self) -> Event:
-        """The next event; `EngineDied` once the process has ended (and then always)."""
+        """The next event; `EngineDied` once the process has ended, or has said nothing
+        (not even a heartbeat) for `silence_s` and was killed (and then always)."""
+        while self._pending is None:
+            self.poll(self._allowed_silence())
+        event, self._pending = self._pending, None
+        if isinstance(event, EngineDied):
+            self._pending = event  # and then always
+        return event
+
+    def responsive(self) -> bool:
+        """Whether the engine lives and has been heard from within `silence_s`, without
+        waiting (an idle front end's check; for the one reader, like `recv`)."""
+        self.poll(0)
+        return not isinstance(self._pending, EngineDied)
+
+    def _wait(self, timeout: float) -> bool:
+        try:
+            return self._conn.poll(timeout)
+        except (EOFError, OSError, ValueError):
+            return True  # closed: the read reports the death
+
+    def _read(self) -> Event:
         try:
             event: Event = self._conn.recv()
-            return event
-        except (EOFError, OSError):
+        except (EOFError, OSError, ValueError):
             self._process.join(SHUTDOWN_TIMEOUT_S)
             code = self._process.exitcode
             return EngineDied(code, note_exit(self._process.pid, code))
+        except Exception as exc:  # an event this side cannot unpickle: a bug, or a mismatch
+            log.error("unreadable event from the engine (%s: %s); ending it",
+                      type(exc).__name__, exc)
+            self.kill()
+            self._process.join()
+            return EngineDied(self._process.exitcode)
+        self._heard = True
+        self._last_heard = time.monotonic()
+        return event
+
+    def _allowed_silence(self) -> float:
+        return self.silence_s if self._heard else max(self.silence_s, STARTUP_SILENCE_S)
+
+    def _silent_for(self) -> float:
+        return time.monotonic() - self._last_heard
+
+    def _declare_silent(self) -> EngineDied:
+        silent = self._silent_for()
+        log.error("the engine process said nothing for %.0f s; killing it", silent)
+        self.kill()
+        self._process.join()
+        return EngineDied(self._process.exitcode, silent_s=silent)
 
     def shutdown(self, timeout: float = SHUTDOWN_TIMEOUT_S) -> None:
         """Ask the engine to stop and exit; kill it if it has not within `timeout`."""
@@ -199,22 +277,25 @@ def child_main(conn: Connection, log_level: int, log_file: str | None = None) ->
     # Ctrl+C in a terminal reaches the whole process group: the parent decides when the
     # engine ends (Shutdown, or its end of the pipe closing), never the keyboard.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    from engine.llama import builtin_template_names
-    from engine.protocol import EngineStarted
-    from engine.service import EngineService, ThreadControl
-
     send_lock = threading.Lock()
 
-    def emit(event: Event) -> None:
+    def emit(event: Event | Alive) -> None:
         try:
             with send_lock:
                 conn.send(event)
         except (OSError, ValueError):
             os._exit(0)  # the parent is gone: nobody to answer
 
+    closing = threading.Event()
+    # First, so that importing llama.cpp below is heard as alive.
+    threading.Thread(target=_beat, args=(emit, closing), name="arbor-engine-heartbeat",
+                     daemon=True).start()
+    from engine.llama import builtin_template_names
+    from engine.protocol import EngineStarted
+    from engine.service import EngineService, ThreadControl
+
     control = ThreadControl()
     requests: queue.SimpleQueue[Request | None] = queue.SimpleQueue()
-    closing = threading.Event()
     threading.Thread(target=_read, args=(conn, control, requests, closing),
                      name="arbor-engine-reader", daemon=True).start()
     service = EngineService(emit, control)
@@ -237,6 +318,11 @@ def _read(conn: Connection, control: ThreadControl,
                                                             strict=True)))
         except (EOFError, OSError):
             os._exit(0)  # the parent is gone (closed, or killed): so is the engine
+        except Exception as exc:  # unpickling: a front end of another version, or a bug
+            log.error("cannot read a message from the front end (%s: %s); ending",
+                      type(exc).__name__, exc)
+            sys.stderr.flush()
+            os._exit(EXIT_UNREADABLE)  # its front end sees the death and starts another
         match message:
             case Stop():
                 control.stop()
@@ -257,3 +343,9 @@ def _read(conn: Connection, control: ThreadControl,
                 requests.put(message)
             case _:
                 requests.put(message)
+
+
+def _beat(emit: Callable[[Event | Alive], None], closing: threading.Event) -> None:
+    """The heartbeat: one `Alive` every HEARTBEAT_S until the engine closes."""
+    while not closing.wait(HEARTBEAT_S):
+        emit(Alive())

@@ -163,6 +163,17 @@ class EngineStarted:
     builtin_templates: tuple[str, ...]  # the chat templates llama.cpp knows by name
 
 
+# The engine process's exit status when a message from the front end cannot be read (a
+# front end and an engine of different versions, or a bug): it ends rather than go deaf.
+EXIT_UNREADABLE = 3
+
+
+@dataclass(frozen=True)
+class Alive:
+    """The engine process's heartbeat, sent every `engine.process.HEARTBEAT_S` whatever it is
+    doing; it never leaves `engine.process` (a silent engine is declared dead there)."""
+
+
 @dataclass(frozen=True)
 class EngineDied:
     """The engine process ended without being asked to (sent by the front end's client)."""
@@ -171,13 +182,19 @@ class EngineDied:
     # Set when it faulted loading a model or decoding its first prompt: it loads that model
     # without weight repacking from now on (engine.repack), in words.
     kernels_fallback: str | None = None
+    # Set when it went silent (no event, not even a heartbeat, for that long) and was killed.
+    silent_s: float | None = None
 
     def describe(self) -> str:
         if self.kernels_fallback is not None:
             return self.kernels_fallback
+        if self.silent_s is not None:
+            return f"it stopped answering (no sign of life for {self.silent_s:.0f} s)"
         code = self.exitcode
         if code is None:
             return "it stopped answering"
+        if code == EXIT_UNREADABLE:
+            return "it could not read a message from the app"
         if code < 0:
             try:
                 name = signal.Signals(-code).name
@@ -301,6 +318,7 @@ Event = (EngineStarted | EngineDied | LoadProgress | ModelLoaded | LoadFailed | 
 
 __all__ = [
     "AdoptCheckpoints",
+    "Alive",
     "ConfigureRequest",
     "EngineOptions",
     "Event",
