@@ -194,6 +194,9 @@ class WindowEngine:
     def recover(self) -> None:
         pass  # the window restarts its engine and reloads the model
 
+    def check(self) -> None:
+        pass  # the window's engine thread watches its engine
+
     def close(self) -> None:
         pass
 

@@ -18,7 +18,7 @@ from engine.errors import ArborError, Cancelled, ContextOverflowError, ModelLoad
 from engine.overflow import Overflow
 from engine.params import SamplingParams
 from engine.paths import data_dirs
-from engine.process import EngineProcess
+from engine.process import SHUTDOWN_TIMEOUT_S, EngineProcess
 from engine.protocol import (
     EngineDied,
     EngineOptions,
@@ -202,8 +202,13 @@ class RemoteReplier:
             pass
         return dict(self.usage.stats) if self.usage is not None else {}
 
-    def close(self) -> None:
-        self.process.shutdown()
+    def responsive(self) -> bool:
+        """Whether the engine process lives and answers (its heartbeat), without waiting."""
+        return self.process.responsive()
+
+    def close(self, timeout: float = SHUTDOWN_TIMEOUT_S) -> None:
+        """End the engine process: asked to exit, killed after `timeout` seconds."""
+        self.process.shutdown(timeout)
 
     def _next(self) -> Event:
         event = self.process.recv()

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from engine.errors import ArborError
 from engine.params import SamplingParams
+from engine.process import SHUTDOWN_TIMEOUT_S
 from engine.protocol import ModelLoaded
 from engine.remote import RemoteReplier
 from engine.reply import CancelFn, PieceFn, ReplyReport, ReplyResult
@@ -28,6 +29,7 @@ class OwnEngine:
         self._new_replier = replier
         self._replier: RemoteReplier | None = None
         self._loaded: ModelLoaded | None = None
+        self._closed = False
         self._load()
 
     def loaded(self) -> ModelLoaded | None:
@@ -55,17 +57,30 @@ class OwnEngine:
         return self._replier.warm_while(path, idle)
 
     def recover(self) -> None:
-        """A new engine process with the same model (if it loads)."""
-        self.close()
+        """A new engine process with the same model (if it loads); none once closed (the
+        server is ending, and its engine's end is what the request saw)."""
+        if self._closed:
+            return
+        self._end(SHUTDOWN_TIMEOUT_S)
         try:
             self._load()
         except ArborError as exc:
             log.error("the engine could not be started again: %s", exc)
 
-    def close(self) -> None:
+    def check(self) -> None:
+        if self._replier is not None and not self._replier.responsive():
+            log.error("the engine process ended or stopped answering; starting it again")
+            self.recover()
+
+    def close(self, timeout: float = SHUTDOWN_TIMEOUT_S) -> None:
+        """End the engine: asked to exit, killed after `timeout` seconds."""
+        self._closed = True
+        self._end(timeout)
+
+    def _end(self, timeout: float) -> None:
         replier, self._replier, self._loaded = self._replier, None, None
         if replier is not None:
-            replier.close()
+            replier.close(timeout)
 
     def _load(self) -> None:
         replier = self._new_replier()

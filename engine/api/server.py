@@ -8,6 +8,7 @@ replies themselves run on `engine.api.worker.ApiWorker`, one at a time.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import logging
@@ -172,6 +173,9 @@ class _Api:
                            code="invalid_api_key")
 
     async def models(self, _request: Request) -> Response:
+        if self.worker.engine.loaded() is None:
+            raise ApiError(503, "no model is loaded (the engine is starting again)",
+                           type="server_error")
         return JSONResponse({"object": "list", "data": [
             {"id": self.model_id(), "object": "model", "created": 0, "owned_by": "arbor"}]})
 
@@ -191,7 +195,9 @@ class _Api:
         inbox: asyncio.Queue[Delivery] = asyncio.Queue()
 
         def deliver(item: Delivery) -> None:  # on the worker thread
-            loop.call_soon_threadsafe(inbox.put_nowait, item)
+            # A closed loop (RuntimeError): the server has ended, nobody waits.
+            with contextlib.suppress(RuntimeError):
+                loop.call_soon_threadsafe(inbox.put_nowait, item)
 
         job = Job(chat, deliver)
         self.worker.submit(job)
@@ -327,7 +333,7 @@ class Server:
         config = uvicorn.Config(create_app(worker, model_id, options), log_level="warning",
                                 lifespan="off", access_log=False,
                                 timeout_graceful_shutdown=5)
-        self._server = uvicorn.Server(config)
+        self._server = _Uvicorn(config, on_stopping=worker.stop)
         self._thread: threading.Thread | None = None
 
     @property
@@ -335,7 +341,11 @@ class Server:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}/v1"
 
-    def run(self) -> None:
+    def run(self, on_started: Callable[[], None] | None = None) -> None:
+        """Serve until told to stop (or, on the main thread, until Ctrl+C: uvicorn raises
+        the signal again once it has stopped, so a KeyboardInterrupt follows).
+        `on_started` is called once connections are accepted."""
+        self._server.on_started = on_started
         self._server.run(sockets=[self.socket])
 
     def start(self) -> None:
@@ -350,6 +360,26 @@ class Server:
         if self._thread is not None:
             self._thread.join()
         self.socket.close()
+
+
+class _Uvicorn(uvicorn.Server):
+    """uvicorn's server, telling when it accepts connections, and ending the API's worker's
+    jobs before it waits for the requests still open (those waiting for a reply would
+    otherwise hold it for its whole grace period, and then be cut off)."""
+
+    def __init__(self, config: uvicorn.Config, *, on_stopping: Callable[[], None]) -> None:
+        super().__init__(config)
+        self.on_started: Callable[[], None] | None = None
+        self._on_stopping = on_stopping
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        await super().startup(sockets=sockets)
+        if self.started and not self.should_exit and self.on_started is not None:
+            self.on_started()
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self._on_stopping()
+        await super().shutdown(sockets=sockets)
 
 
 def model_id_of(path: Path) -> str:

@@ -74,10 +74,15 @@ class ApiTrees:
 
     def __init__(self, store: Store, *,
                  opened: Callable[[int], Conversation | None] = lambda _id: None,
-                 saved: Callable[[int], None] = lambda _id: None) -> None:
+                 saved: Callable[[int], None] = lambda _id: None,
+                 save_streaming: bool = True) -> None:
+        """`save_streaming`: write a request's messages and its reply, streaming, before
+        the reply runs (the app: the window shows it answering, and the app's next start
+        settles it if the app dies); else only with the finished reply."""
         self.store = store
         self._opened = opened
         self._saved = saved
+        self._save_streaming = save_streaming
         self._open: dict[str, ApiTree] = {}
 
     def begin(self, request: ChatRequest, model: str, base_seed: int | None) -> Begun:
@@ -94,8 +99,12 @@ class ApiTrees:
             node = match
         start = conversation.start_reply(ReplyJob(node.id))
         placed = Placed(held, tuple(added), start)
-        if held.id is not None:  # a new tree is written whole with its first reply
-            self._save(held, [*added, start.reply])
+        if held.id is not None and self._save_streaming:  # a new tree: whole, when answered
+            try:
+                self._save(held, [*added, start.reply])
+            except ArborError:  # the memory keeps what the store has, no more
+                _delete(tree, placed)
+                raise
         seed = conversation.reply_seed(base_seed)
         return Begun(placed, tuple(NodeView.of(n).to_node() for n in start.path), seed)
 
@@ -107,23 +116,25 @@ class ApiTrees:
             reply = conversation.tree.node(placed.start.reply.id)
             reply.tokens, reply.meta = None, {"finish": FinishReason.STOP.value}
             reply.status = NodeStatus.COMPLETE
-        self._save(placed.tree, [*placed.added, *finished.nodes], finished.deleted)
+        try:
+            self._save(placed.tree, [*placed.added, *finished.nodes], finished.deleted)
+        except ArborError:  # the request is taken back whole, in memory and in the store
+            self.take_back(begun)
+            raise
         return conversation.warm_path()
 
     def take_back(self, begun: Begun) -> None:
         placed = _placed(begun)
-        tree = placed.tree.conversation.tree
-        gone: list[int] = []
-        for node_id in (placed.start.reply.id, *(n.id for n in placed.added)):
-            if node_id in tree:
-                gone += tree.delete_branch(node_id)
+        gone = _delete(placed.tree.conversation.tree, placed)
         if placed.tree.id is None:
             self._open.pop(placed.tree.key, None)
             return
+        if not self._save_streaming:
+            return  # nothing of this request reached the store
         try:
             self._save(placed.tree, (), gone)
-        except ArborError:
-            log.exception("could not take back a failed request")
+        except ArborError as exc:
+            log.error("could not take back a failed request: %s", exc)
             self._open.pop(placed.tree.key, None)  # read again from the store next time
 
     def close(self) -> None:
@@ -159,11 +170,21 @@ class LocalTrees(ApiTrees):
     """`arbor-engine serve`'s tree side: its own store connection."""
 
     def __init__(self, db: Path | None) -> None:
-        # The app may have the database open and be streaming: no recovery from here.
-        super().__init__(Store(db, recover=False))
+        # The app may have the database open and be streaming: no recovery from here, and
+        # so no streaming reply written either (a serve that is killed leaves none behind).
+        super().__init__(Store(db, recover=False), save_streaming=False)
 
     def close(self) -> None:
         self.store.close()
+
+
+def _delete(tree: Tree, placed: Placed) -> list[int]:
+    """Take a request's reply and the messages it added out of `tree`; the ids gone."""
+    gone: list[int] = []
+    for node_id in (placed.start.reply.id, *(n.id for n in placed.added)):
+        if node_id in tree:
+            gone += tree.delete_branch(node_id)
+    return gone
 
 
 def _placed(begun: Begun) -> Placed:

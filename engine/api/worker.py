@@ -31,6 +31,7 @@ from engine.tree import Node
 log = logging.getLogger(__name__)
 
 MAX_QUEUE = 16
+IDLE_CHECK_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -110,6 +111,10 @@ class EngineSide(Protocol):
     def recover(self) -> None:
         """After the engine died under a request."""
 
+    def check(self) -> None:
+        """While no request runs: notice an engine that died or stopped answering, and
+        start it again (or let whoever owns it)."""
+
     def close(self) -> None: ...
 
 
@@ -125,6 +130,9 @@ class ApiWorker:
         self._ready = threading.Event()
         self._failure: BaseException | None = None
         self._warm_path: list[Node] = []
+        self._current: Job | None = None  # the job being answered
+        self._stopping = False
+        self._ended = False  # the end marker is queued
         self.stats = ApiStats()  # replaced whole, so any thread reads a consistent one
 
     # --- any thread --------------------------------------------------------------------------
@@ -137,6 +145,8 @@ class ApiWorker:
             raise self._failure
 
     def submit(self, job: Job) -> None:
+        if self._stopping:
+            raise _shutting_down()
         if self.engine.loaded() is None:
             raise ApiError(503, "no model is loaded", type="server_error")
         try:
@@ -146,19 +156,42 @@ class ApiWorker:
                                 "waiting for the model; try again shortly",
                            type="rate_limit_error", code="queue_full") from None
 
-    def close(self) -> None:
-        if self._thread is None:
-            return
-        while True:  # make room for the end marker: queued jobs are answered 503
+    def stop(self) -> None:
+        """Take no more requests: those waiting are answered 503 and the one running is
+        stopped (within a token). Returns at once; `close` waits for the thread."""
+        self._stopping = True
+        while True:
             try:
                 job = self._queue.get_nowait()
             except queue.Empty:
                 break
-            if job is not None:
-                job.deliver(ApiError(503, "the server is shutting down", type="server_error"))
-        self._queue.put(None)
-        self._thread.join()
+            if job is None:  # the end marker: it stays the last thing queued
+                self._queue.put(None)
+                break
+            job.deliver(_shutting_down())
+        current = self._current
+        if current is not None:
+            current.cancelled.set()
+            # Its client is told now: an engine that stopped answering would hold the
+            # answer back until it is declared dead. What the worker delivers later goes
+            # to nobody.
+            current.deliver(_shutting_down())
+
+    def close(self, timeout: float | None = None) -> bool:
+        """`stop`, then wait for the worker thread to end, at most `timeout` seconds (None:
+        for as long as it takes). Whether it ended; if not, call again once whatever held
+        it (an engine that stopped answering) has been ended."""
+        if self._thread is None:
+            return True
+        self.stop()
+        if not self._ended:
+            self._ended = True
+            self._queue.put(None)  # the queue was just emptied: there is room
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            return False
         self._thread = None
+        return True
 
     # --- the worker thread -------------------------------------------------------------------
 
@@ -170,8 +203,13 @@ class ApiWorker:
             self._ready.set()
             return
         self._ready.set()
-        while (job := self._queue.get()) is not None:
+        while (job := self._next_job()) is not None:
             if job.cancelled.is_set():
+                continue
+            self._current = job  # before the check: `stop` sets the flag, then reads this
+            if self._stopping:
+                self._current = None
+                job.deliver(_shutting_down())
                 continue
             try:
                 job.deliver(self._answer(job, trees))
@@ -181,8 +219,20 @@ class ApiWorker:
                 log.exception("an API request failed")
                 job.deliver(ApiError(500, "an internal error stopped the reply",
                                      type="server_error"))
-            self._warm()
+            self._current = None
+            if not self._stopping:
+                self._warm()
         trees.close()
+
+    def _next_job(self) -> Job | None:
+        """The next job; while there is none, the engine is checked every IDLE_CHECK_S (one
+        that died or went silent while idle is started again before a client finds it)."""
+        while True:
+            try:
+                return self._queue.get(timeout=IDLE_CHECK_S)
+            except queue.Empty:
+                if not self._stopping:
+                    self.engine.check()
 
     def _answer(self, job: Job, trees: TreeSide) -> Outcome:
         request, engine = job.request, self.engine
@@ -195,8 +245,12 @@ class ApiWorker:
         except Cancelled:
             raise ApiError(499, "the client went away", type="cancelled") from None
         identity = loaded.identity
-        begun = trees.begin(request, identity.model_sha256 if identity else loaded.path,
-                            request.seed if request.seed is not None else engine.base_seed())
+        try:
+            begun = trees.begin(request, identity.model_sha256 if identity else loaded.path,
+                                request.seed if request.seed is not None
+                                else engine.base_seed())
+        except ArborError as exc:  # the store: locked past its timeout, a full disk
+            raise _not_saved(exc) from None
         stops = StopScanner(request.stop)
 
         def on_piece(piece: str) -> None:
@@ -226,7 +280,10 @@ class ApiWorker:
         else:  # cut at a stop sequence: the node keeps the text the client got
             result = replace(result, text=stops.text,
                              report=replace(result.report, finish=FinishReason.STOP))
-        self._warm_path = trees.finish(begun, result, stops.text if stops.hit else None)
+        try:
+            self._warm_path = trees.finish(begun, result, stops.text if stops.hit else None)
+        except ArborError as exc:  # taken back: the tree is as it was before the request
+            raise _not_saved(exc) from None
         report = result.report
         self.stats = replace(self.stats, requests=self.stats.requests + 1,
                              prompt_tokens=self.stats.prompt_tokens + report.prompt_tokens,
@@ -256,6 +313,15 @@ class ApiWorker:
             report = None
         self.stats = replace(self.stats, warming=False, warm_decoded=self.stats.warm_decoded
                              + (report.decoded_tokens if report is not None else 0))
+
+
+def _not_saved(exc: ArborError) -> ApiError:
+    return ApiError(503, f"the conversation could not be saved ({exc}); nothing of this "
+                         "request was kept, try again", type="server_error")
+
+
+def _shutting_down() -> ApiError:
+    return ApiError(503, "the server is shutting down", type="server_error")
 
 
 def _api_error(exc: ArborError) -> ApiError:
