@@ -40,7 +40,7 @@ from PySide6.QtGui import QKeySequence, QTextDocument
 
 from app.actions import spec
 from app.code_blocks import fences
-from engine.reasoning import Reasoning, ReasoningState, split_reasoning
+from engine.reasoning import Reasoning, ReasoningState, is_opened, split_reasoning
 from engine.reply import LEFT_OUT
 from engine.tree import Node, NodeStatus, Role, Tree
 
@@ -77,13 +77,17 @@ class MessageRow:
     # (engine.overflow). `context_starts`: the first message it read after them.
     outside: bool = False
     context_starts: bool = False
+    # The reply started inside its reasoning: its generation prompt opened the block, so
+    # its text holds only the closing marker (engine.reasoning.OPENED).
+    reasoning_opened: bool = False
 
 
 def reasoning_of(row: MessageRow) -> Reasoning | None:
     """A reply's reasoning and answer, or None when it has no reasoning (or is the user's)."""
-    if row.role != ASSISTANT or "think" not in row.text:  # the markers all hold "think"
+    if row.role != ASSISTANT or ("think" not in row.text  # the markers all hold "think"
+                                 and not row.reasoning_opened):
         return None
-    split = split_reasoning(row.text)
+    split = split_reasoning(row.text, row.reasoning_opened)
     return None if split.state is ReasoningState.NONE else split
 
 
@@ -140,6 +144,7 @@ def rows_from_tree(tree: Tree, checkpoints: Mapping[int, str] | None = None) -> 
                 created=node.created,
                 outside=index < first_read,
                 context_starts=0 < index == first_read,
+                reasoning_opened=is_opened(node.meta),
             )
         )
     return rows
@@ -172,6 +177,7 @@ class ChatRole(IntEnum):
     ReasoningShownRole = Qt.ItemDataRole.UserRole + 8  # the user's choice (None: automatic)
     OutsideRole = Qt.ItemDataRole.UserRole + 9  # left out of the last reply's context
     ContextStartsRole = Qt.ItemDataRole.UserRole + 10  # the first message it read after them
+    ReasoningOpenedRole = Qt.ItemDataRole.UserRole + 11  # the reply began inside reasoning
 
 
 _ROLE_FIELDS: dict[int, str] = {
@@ -185,6 +191,7 @@ _ROLE_FIELDS: dict[int, str] = {
     ChatRole.ReasoningShownRole: "reasoning_shown",
     ChatRole.OutsideRole: "outside",
     ChatRole.ContextStartsRole: "context_starts",
+    ChatRole.ReasoningOpenedRole: "reasoning_opened",
 }
 
 _ROLE_NAMES: dict[int, bytes] = {
@@ -198,6 +205,7 @@ _ROLE_NAMES: dict[int, bytes] = {
     ChatRole.ReasoningShownRole: b"reasoningShown",
     ChatRole.OutsideRole: b"outside",
     ChatRole.ContextStartsRole: b"contextStarts",
+    ChatRole.ReasoningOpenedRole: b"reasoningOpened",
 }
 
 _DISPLAY = int(Qt.ItemDataRole.DisplayRole)
@@ -207,7 +215,7 @@ _TOOLTIP = int(Qt.ItemDataRole.ToolTipRole)  # the message's time, on hover
 
 # What the accessible texts depend on.
 _SPOKEN_FIELDS = ("role", "text", "status", "variant", "variants", "reasoning_shown",
-                  "outside")
+                  "outside", "reasoning_opened")
 
 _SPEAKERS = {USER: "You", ASSISTANT: "Assistant"}
 
@@ -408,8 +416,10 @@ class ChatModel(QAbstractListModel):
                 self._index[new[i].node_id] = i
             self.endInsertRows()
 
-    def update_text(self, node_id: int, text: str, status: str = STREAMING) -> bool:
-        """Replace one message's text and status (a streaming reply growing).
+    def update_text(self, node_id: int, text: str, status: str = STREAMING,
+                    reasoning_opened: bool | None = None) -> bool:
+        """Replace one message's text and status (a streaming reply growing), and whether it
+        began inside its reasoning when that is given (the engine says so as it streams).
 
         Emits dataChanged for that row only, with the roles that changed. Returns False (and
         changes nothing) when the node is not shown.
@@ -419,9 +429,10 @@ class ChatModel(QAbstractListModel):
             log.debug("update_text for node %s, which is not shown", node_id)
             return False
         old = self._rows[row]
-        if old.text == text and old.status == status:
+        opened = old.reasoning_opened if reasoning_opened is None else reasoning_opened
+        if old.text == text and old.status == status and old.reasoning_opened == opened:
             return True
-        new = replace(old, text=text, status=str(status))
+        new = replace(old, text=text, status=str(status), reasoning_opened=opened)
         self._rows[row] = new
         self._emit_changes([(row, _changed_roles(old, new))])
         if old.status == STREAMING and new.status != STREAMING:

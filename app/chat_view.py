@@ -208,9 +208,10 @@ class ChatView(TailFollowingView):
         """Show `rows` (see `ChatModel.set_rows`)."""
         self._chat_model.set_rows(rows)
 
-    def update_text(self, node_id: int, text: str, status: str = STREAMING) -> bool:
+    def update_text(self, node_id: int, text: str, status: str = STREAMING,
+                    reasoning_opened: bool | None = None) -> bool:
         """Grow a streaming reply (see `ChatModel.update_text`)."""
-        return self._chat_model.update_text(node_id, text, status)
+        return self._chat_model.update_text(node_id, text, status, reasoning_opened)
 
     # --- the current message -----------------------------------------------------------
 

@@ -285,8 +285,8 @@ class MainWindow(QMainWindow):
             action.setEnabled(state[spec(name).when])
 
     @Slot(int, str, str)
-    def _on_piece_shown(self, node_id: int, text: str, status: str) -> None:
-        self.chat.model().update_text(node_id, text, status)
+    def _on_piece_shown(self, node_id: int, text: str, status: str, opened: bool) -> None:
+        self.chat.model().update_text(node_id, text, status, opened)
         self.text_shown.emit()
 
     @Slot(str)

@@ -100,11 +100,12 @@ log = logging.getLogger(__name__)
 
 
 def _text_key(row: MessageRow) -> int:
-    """What a row's document depends on besides its node and width: its text, and the
-    user's fold of its reasoning (None, the automatic one, follows from the text)."""
-    if row.reasoning_shown is None:
+    """What a row's document depends on besides its node and width: its text, whether it
+    began inside its reasoning, and the user's fold of its reasoning (None, the automatic
+    one, follows from the text)."""
+    if row.reasoning_shown is None and not row.reasoning_opened:
         return hash(row.text)
-    return hash((row.text, row.reasoning_shown))
+    return hash((row.text, row.reasoning_opened, row.reasoning_shown))
 
 
 def _height_key(row: MessageRow, item_width: int) -> tuple[int, int, int]:

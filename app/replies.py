@@ -41,6 +41,7 @@ from engine.protocol import (
     Warmed,
     WarmRequest,
 )
+from engine.reasoning import OPENED, is_opened
 from engine.reply import NodeView, Rendered, ReplyReport, ReplyResult
 from engine.store import StoreSink
 from engine.tree import Node
@@ -90,7 +91,8 @@ class Replies(QObject):
     streaming_changed = Signal()
     preparing = Signal(int, int, str)  # tokens decoded, tokens to decode, what is reused
     answering_rate = Signal(float)  # tokens per second while the reply streams
-    piece_shown = Signal(int, str, str)  # reply node id, its text so far, its status
+    # reply node id, its text so far, its status, whether it began inside its reasoning
+    piece_shown = Signal(int, str, str, bool)
     reply_finished = Signal()
     reply_failed = Signal(str)  # why; empty when the user stopped it
     report = Signal(object)  # ReplyReport of the finished reply
@@ -325,6 +327,8 @@ class Replies(QObject):
             return
         node = tree.node(piece.reply_id)
         node.text += piece.text
+        if piece.reasoning_opened:
+            node.meta[OPENED] = True  # the finished reply's meta says so too
         streaming.pieces += 1
         self.answering_rate.emit(
             streaming.pieces / max(1e-3, time.monotonic() - streaming.started))
@@ -335,7 +339,7 @@ class Replies(QObject):
                 log.warning("the growing reply could not be saved: %s", exc)
                 self.controller.notice.emit(f"The reply could not be saved yet: {exc}", 4000)
         if piece.conversation_id == self.controller.current:
-            self.piece_shown.emit(node.id, node.text, node.status.value)
+            self.piece_shown.emit(node.id, node.text, node.status.value, is_opened(node.meta))
 
     def _on_reply(self, done: ReplyDone) -> None:
         if self._mine(done.request_id) is None:

@@ -13,6 +13,7 @@ import secrets
 from dataclasses import dataclass, field
 
 from engine.params import FinishReason
+from engine.reasoning import OPENED, is_opened
 from engine.reply import LEFT_OUT, Rendered, ReplyResult
 from engine.tree import Node, NodeStatus, Role, Tree, TreeError
 
@@ -77,10 +78,14 @@ class Conversation:
 
     def edit(self, node_id: int, text: str) -> Change:
         """A new version of a message beside the old one. A user message gets a reply; an
-        assistant message just takes the text."""
-        if self.tree.node(node_id).role is Role.SYSTEM:
+        assistant message just takes the text (and follows the same prompt: if that opened
+        the reasoning, the new text starts inside it too)."""
+        old = self.tree.node(node_id)
+        if old.role is Role.SYSTEM:
             raise TreeError("the system prompt is not a message; set it with `system`")
         new = self.tree.add_sibling(node_id, text)
+        if old.role is Role.ASSISTANT and is_opened(old.meta):
+            new.meta[OPENED] = True
         return Change(nodes=(new,), reply=ReplyJob(new.id) if new.role is Role.USER else None)
 
     def regenerate(self, node_id: int | None = None) -> Change:

@@ -20,6 +20,7 @@ from engine.llama import apply_builtin_template, builtin_template_names
 from engine.overflow import Cut, Overflow, fit, read_part, reply_room
 from engine.params import SamplingParams
 from engine.prompt import BuiltinTemplate, ChatTemplate, PromptBuilder, Template, Tokenizer
+from engine.reasoning import OPENED, opens_reasoning
 from engine.runtime import (
     CancelFn,
     Generation,
@@ -58,12 +59,16 @@ class ReplyTokens:
     # ended: a mark of the path's decode schedule (PromptBuilder.marks). None when the
     # template re-rendered the reply without it.
     prompt_len: int | None = None
+    # The generation prompt ended with a reasoning marker: the reply's text starts inside
+    # its reasoning (engine.reasoning.OPENED).
+    reasoning_opened: bool = False
 
     def meta(self) -> dict[str, object]:
-        """What the reply node keeps of this (its `meta`). Both keys always, None included:
+        """What the reply node keeps of this (its `meta`). Every key always, None included:
         a continued reply's meta is updated with these, and an earlier run's values would
         point into tokens they no longer describe."""
-        return {"open_len": self.open_len, "prompt_len": self.prompt_len}
+        return {"open_len": self.open_len, "prompt_len": self.prompt_len,
+                OPENED: self.reasoning_opened}
 
 
 class Generator:
@@ -219,14 +224,21 @@ class Generator:
     def reply_tokens(
         self, path: Sequence[Node], generated: Sequence[int], text: str
     ) -> ReplyTokens:
-        opening = self.prompts.generation_prompt(path)  # rendered once for both uses
+        prompt = self.prompts.generation_prompt_text(path)  # rendered once for all uses
+        opening = self.prompts.tokenize(prompt)
         tokens = self.prompts.reply_tokens(path, generated, text, opening=opening)
         read = [*opening, *generated]
         return ReplyTokens(
             tuple(tokens),
             len(read) if tokens[: len(read)] == read else None,
             len(opening) if tokens[: len(opening)] == opening else None,
+            opens_reasoning(prompt),
         )
+
+    def opens_reasoning(self, path: Sequence[Node]) -> bool:
+        """Whether a reply to `path` starts inside its reasoning: the template ends the
+        generation prompt with the opening marker (DeepSeek-R1's, Qwen3's thinking mode)."""
+        return opens_reasoning(self.prompts.generation_prompt_text(path))
 
     def after_reply(self) -> None:
         """Spill checkpoints over the budget: after the reply, so it never delays one."""

@@ -20,11 +20,12 @@ from typing import Any, cast
 import llama_cpp as lc
 import numpy as np
 
-from engine import backends
+from engine import backends, rpc
 from engine.cpu import physical_cores
 from engine.errors import DecodeError, ModelLoadError
 from engine.model import MemoryKind, read_model_info
 from engine.params import KV_TYPE_NAMES, ContextParams, FlashAttention, SamplingParams
+from engine.rpc import parse_endpoint
 
 log = logging.getLogger(__name__)
 native_log = logging.getLogger("llama.cpp")
@@ -279,6 +280,9 @@ class LlamaModel:
             )
         self.vocab = lc.llama_model_get_vocab(self._ptr)
         self.n_vocab = int(lc.llama_vocab_n_tokens(self.vocab))
+        # Its weights on the workers keep llama.cpp's connections to them open while it lives.
+        self._workers = tuple(parse_endpoint(w) for w in rpc_workers)
+        rpc.hold(self._workers)
 
     @property
     def ptr(self) -> lc.llama_model_p:
@@ -288,6 +292,7 @@ class LlamaModel:
         if self._ptr:
             lc.llama_model_free(self._ptr)
             self._ptr = None
+            rpc.release(self._workers)
 
     # --- classification ----------------------------------------------------------------
 

@@ -57,12 +57,13 @@ class Placement:
 def place(model: Path, settings: RuntimeSettings, repack: bool | None = None) -> Placement:
     """Where `model` runs under `settings`. `repack`: False loads without weight repacking;
     None lets engine.repack decide. Raises WorkersUnreachable before llama.cpp would abort
-    on a worker that does not answer."""
+    on a worker that does not answer, or wait for ever on one that never ends its
+    handshake (engine.rpc.probe)."""
     notices: list[str] = []
     endpoints = parse_endpoints(settings.rpc_workers)
     workers = tuple(str(e) for e in endpoints)
     gone = unreachable(endpoints)
-    if gone:  # llama.cpp would abort the process on registering one of these
+    if gone:  # llama.cpp would abort the process, or hang, on registering one of these
         raise WorkersUnreachable(gone)
     n_gpu_layers = settings.n_gpu_layers
     context = settings.context_params()

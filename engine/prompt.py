@@ -177,7 +177,11 @@ class PromptBuilder:
         return self.path_tokens(path) + self.generation_prompt(path)
 
     def generation_prompt(self, path: Sequence[Node]) -> list[int]:
-        return self._tok.tokenize(self._generation_prompt_text(path))
+        return self._tok.tokenize(self.generation_prompt_text(path))
+
+    def tokenize(self, text: str) -> list[int]:
+        """`text` as the model's tokens (special tokens parsed, no BOS)."""
+        return self._tok.tokenize(text)
 
     def reply_tokens(
         self,
@@ -206,7 +210,7 @@ class PromptBuilder:
             return self._render_node([*path, reply], len(path))
         closing = self._reply_frame[1]
         later = self._later_reply_text(path, reply)
-        if later is not None and later != self._generation_prompt_text(path) + text + closing:
+        if later is not None and later != self.generation_prompt_text(path) + text + closing:
             return self._tok.tokenize(later)
         start = list(opening) if opening is not None else self.generation_prompt(path)
         return start + list(generated) + self._tok.tokenize(closing)
@@ -265,7 +269,8 @@ class PromptBuilder:
             return None
         return later[len(before):end]
 
-    def _generation_prompt_text(self, path: Sequence[Node]) -> str:
+    def generation_prompt_text(self, path: Sequence[Node]) -> str:
+        """What the template adds after `path` for the reply to start."""
         messages = _messages(path)
         with_prompt = self._template.render(messages, add_generation_prompt=True)
         without = self._template.render(messages, add_generation_prompt=False)

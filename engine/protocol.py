@@ -271,6 +271,7 @@ class Piece:
     conversation_id: int
     reply_id: int
     text: str
+    reasoning_opened: bool = False  # the reply started inside its reasoning (run_reply)
 
 
 @dataclass(frozen=True)

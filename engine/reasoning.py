@@ -3,16 +3,27 @@
 Arbor keeps a reply's text exactly as the model wrote it (the markers included), so the
 prompt of the next turn holds what the model produced. This module only reads that text: the
 window shows the reasoning as a collapsible block, the exports write it as a marked section.
+
+Some templates (DeepSeek-R1's, Qwen3's in thinking mode) end the generation prompt with the
+opening marker, so the model writes only the closing one. Whether a reply began so is known
+only where it was generated: the engine keeps it in the reply's meta (`OPENED`). Without it a
+closing marker is the answer's own text: a reply may well mention `</think>`.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 
 # The markers reasoning models use (Qwen3, DeepSeek-R1, QwQ, SmolLM3...: `<think>`; a few
 # older templates: `<thinking>`). A reply's reasoning opens with one of them, at its start.
 MARKERS: tuple[tuple[str, str], ...] = (("<think>", "</think>"), ("<thinking>", "</thinking>"))
+
+# Reply meta: True when the generation prompt the reply was written after ended with an
+# opening marker (the reply starts inside its reasoning). Missing (older stores, imports,
+# edits): False.
+OPENED = "reasoning_opened"
 
 
 class ReasoningState(StrEnum):
@@ -34,23 +45,38 @@ class Reasoning:
         return len(self.reasoning.split())
 
 
-def split_reasoning(text: str) -> Reasoning:
+def split_reasoning(text: str, opened: bool = False) -> Reasoning:
     """Split a reply's text. Reasoning counts only at the start of the reply (after
-    whitespace); a `<think>` further down is part of the answer, as written. Some templates
-    put the opening marker in the generation prompt, so the model writes only the closing
-    one: a text that has a closing marker and no opening one is reasoning up to it."""
+    whitespace); a marker further down is part of the answer, as written. `opened`: the
+    generation prompt ended with an opening marker (`opens_reasoning`), so the text starts
+    inside the reasoning and runs up to the first closing marker."""
     stripped = text.lstrip()
     for opening, closing in MARKERS:
         if stripped.startswith(opening):
-            body = stripped[len(opening):]
-            end = body.find(closing)
-            if end < 0:
-                return Reasoning(body.strip(), "", ReasoningState.OPEN)
-            return Reasoning(body[:end].strip(), body[end + len(closing):].lstrip(),
-                             ReasoningState.CLOSED)
-    for opening, closing in MARKERS:
-        end = text.find(closing)
-        if end >= 0 and opening not in text[:end]:
-            return Reasoning(text[:end].strip(), text[end + len(closing):].lstrip(),
-                             ReasoningState.CLOSED)
+            return _split(stripped[len(opening):], closing)
+    if opened:
+        closings = [closing for _, closing in MARKERS if closing in text]
+        first = min(closings, key=text.find) if closings else MARKERS[0][1]
+        return _split(text, first)
     return Reasoning("", text, ReasoningState.NONE)
+
+
+def _split(body: str, closing: str) -> Reasoning:
+    """`body` is reasoning up to `closing`, the answer after it."""
+    end = body.find(closing)
+    if end < 0:
+        return Reasoning(body.strip(), "", ReasoningState.OPEN)
+    return Reasoning(body[:end].strip(), body[end + len(closing):].lstrip(),
+                     ReasoningState.CLOSED)
+
+
+def opens_reasoning(prompt: str) -> bool:
+    """Whether a generation prompt leaves the reply inside reasoning: it ends (whitespace
+    aside) with an opening marker."""
+    tail = prompt.rstrip()
+    return any(tail.endswith(opening) for opening, _ in MARKERS)
+
+
+def is_opened(meta: Mapping[str, object]) -> bool:
+    """A reply's `OPENED` flag from its meta (missing or odd: not opened)."""
+    return meta.get(OPENED) is True

@@ -29,6 +29,7 @@ CancelFn = Callable[[], bool]
 ProgressFn = Callable[[int, int], None]  # (tokens decoded so far, tokens to decode)
 PlanFn = Callable[[int, int, Source, int | None], None]  # see engine.runtime.PlanFn
 PieceFn = Callable[[str], None]  # the text one generated token added
+OpenedFn = Callable[[], None]  # the reply starts inside its reasoning (engine.reasoning)
 
 
 @dataclass(frozen=True)
@@ -143,6 +144,7 @@ def run_reply(
     on_plan: PlanFn | None = None,
     on_progress: ProgressFn | None = None,
     on_piece: PieceFn | None = None,
+    on_opened: OpenedFn | None = None,
     cancel: CancelFn | None = None,
     sampling: SamplingParams | None = None,
     overflow: Overflow = Overflow.STOP,
@@ -155,12 +157,17 @@ def run_reply(
     prepare raises `Cancelled` (nothing was said); a stop during generation returns what was
     said so far, finished as `FinishReason.CANCELLED`. Other errors propagate. Call
     `generator.after_reply()` once the result is delivered (it may spill checkpoints).
+    `on_opened` is called before the first piece when the generation prompt opened the
+    reply's reasoning, so a front end shows the streaming text as reasoning from the start
+    (the finished reply's meta says so too: `engine.reasoning.OPENED`).
     """
     untokenized = {node.id for node in path if node.tokens is None}
     cut = generator.fit(path, resume=resume, max_tokens=max_tokens, overflow=overflow)
     read = read_part(path, cut)
     prepared = generator.prepare(read, resume=resume, on_progress=on_progress,
                                  on_plan=on_plan, cancel=cancel)
+    if on_opened is not None and generator.opens_reasoning(read):
+        on_opened()
     generation = generator.generate(
         max_tokens=max_tokens, seed=seed, cancel=cancel, sampling=sampling,
         on_token=(lambda _token, piece: on_piece(piece)) if on_piece is not None else None,

@@ -283,16 +283,22 @@ class EngineService:
         def on_progress(done: int, total: int) -> None:
             self._emit(Progress(request.request_id, done, total))
 
+        opened = False
+
+        def on_opened() -> None:
+            nonlocal opened
+            opened = True
+
         def on_piece(piece: str) -> None:
             self._emit(Piece(request.request_id, request.conversation_id, request.reply_id,
-                             piece))
+                             piece, opened))
 
         try:
             result = run_reply(
                 generator, [view.to_node() for view in request.path],
                 resume=request.resume.to_node() if request.resume is not None else None,
                 max_tokens=request.max_tokens, seed=request.seed, on_plan=on_plan,
-                on_progress=on_progress, on_piece=on_piece,
+                on_progress=on_progress, on_piece=on_piece, on_opened=on_opened,
                 cancel=self.control.stop_requested, sampling=request.sampling,
                 overflow=request.overflow,
             )

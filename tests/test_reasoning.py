@@ -23,13 +23,16 @@ import pytest
 from engine.checkpoints import CheckpointStore
 from engine.formats.chatgpt import export_chatgpt, parse_chatgpt
 from engine.formats.markdown import export_markdown
+from engine.generator import Generator
 from engine.model import MemoryKind
 from engine.params import FinishReason
 from engine.prompt import CHATML_TEMPLATE, ChatTemplate, PromptBuilder, Tokenizer
-from engine.reasoning import ReasoningState, split_reasoning
+from engine.reasoning import OPENED, ReasoningState, is_opened, opens_reasoning, split_reasoning
 from engine.records import from_tree, to_tree
+from engine.reply import NodeView, run_reply
 from engine.runtime import Generation, Runtime, RuntimeSettings
 from engine.session import GenerationOptions, Session
+from engine.store import Store
 from engine.tree import Node, NodeStatus, Role, Tree
 from tests.conftest import ALL_KINDS
 
@@ -37,6 +40,11 @@ from tests.conftest import ALL_KINDS
 # think block (an empty one when it has none); every earlier reply loses its reasoning.
 DROPPING = (Path(__file__).parent / "fixtures" / "reasoning_template.jinja").read_text()
 REASONED = "<think>\nThe user greets me. I greet back.\n</think>\n\nHello there!"
+SAYS_CLOSE = "The tag </think> closes reasoning."
+# The ChatML template as DeepSeek-R1's and Qwen3's thinking mode end the generation prompt:
+# with the opening marker, so the model writes only the closing one.
+OPENING = CHATML_TEMPLATE.replace("'<|im_start|>assistant\n'", "'<|im_start|>assistant\n<think>\n'")
+assert OPENING != CHATML_TEMPLATE
 
 # --- splitting -----------------------------------------------------------------------------
 
@@ -49,16 +57,47 @@ REASONED = "<think>\nThe user greets me. I greet back.\n</think>\n\nHello there!
         ("  <think>Still going", "Still going", "", ReasoningState.OPEN),
         ("<think>", "", "", ReasoningState.OPEN),
         ("<thinking>x</thinking>y", "x", "y", ReasoningState.CLOSED),
-        # The template opened the block in the generation prompt: only the end is written.
-        ("Weighing it.\n</think>\n\nYes.", "Weighing it.", "Yes.", ReasoningState.CLOSED),
         # A think tag further down is the answer's own text.
         ("Use <think> tags.", "", "Use <think> tags.", ReasoningState.NONE),
+        # So is a closing tag, when the reply did not begin inside reasoning.
+        (SAYS_CLOSE, "", SAYS_CLOSE, ReasoningState.NONE),
     ],
 )
 def test_split_reasoning(text: str, reasoning: str, answer: str, state: ReasoningState) -> None:
     split = split_reasoning(text)
     assert (split.reasoning, split.answer, split.state) == (reasoning, answer, state)
     assert split.words == len(reasoning.split())
+
+
+@pytest.mark.parametrize(
+    ("text", "reasoning", "answer", "state"),
+    [
+        # The template opened the block in the generation prompt: only the end is written.
+        ("Weighing it.\n</think>\n\nYes.", "Weighing it.", "Yes.", ReasoningState.CLOSED),
+        ("x</think>y", "x", "y", ReasoningState.CLOSED),
+        ("x</thinking>y</think>z", "x", "y</think>z", ReasoningState.CLOSED),  # the first end
+        ("Still weighing", "Still weighing", "", ReasoningState.OPEN),
+        ("", "", "", ReasoningState.OPEN),  # streaming: nothing has come yet
+        ("<think>x</think>y", "x", "y", ReasoningState.CLOSED),  # opened again, as written
+    ],
+)
+def test_split_reasoning_of_a_reply_begun_inside_reasoning(
+    text: str, reasoning: str, answer: str, state: ReasoningState
+) -> None:
+    split = split_reasoning(text, opened=True)
+    assert (split.reasoning, split.answer, split.state) == (reasoning, answer, state)
+
+
+@pytest.mark.parametrize(("prompt", "opens"), [
+    ("<|im_start|>assistant\n<think>\n", True),
+    ("<|im_start|>assistant\n<thinking>  ", True),
+    ("<|im_start|>assistant\n", False),
+    ("<|im_start|>assistant\n<think>\n\n</think>\n\n", False),  # thinking switched off
+])
+def test_a_generation_prompt_opens_reasoning_when_it_ends_with_the_marker(
+    prompt: str, opens: bool
+) -> None:
+    assert opens_reasoning(prompt) is opens
 
 
 # --- exports -------------------------------------------------------------------------------
@@ -88,6 +127,25 @@ def test_markdown_marks_reasoning_that_never_ended() -> None:
                    status=NodeStatus.INTERRUPTED)
     text = export_markdown(from_tree(tree, title="Cut"))
     assert "<summary>Reasoning (unfinished)</summary>\n\nHmm, let me\n\n</details>" in text
+
+
+def test_markdown_writes_a_reply_that_only_mentions_the_closing_tag_whole() -> None:
+    tree = Tree()
+    tree.add_child(tree.active_leaf, Role.USER, "What does </think> do?")
+    tree.add_child(tree.active_leaf, Role.ASSISTANT, SAYS_CLOSE)
+    text = export_markdown(from_tree(tree, title="Tags"))
+    assert f"## Assistant\n\n{SAYS_CLOSE}\n" in text
+    assert "<details>" not in text
+
+
+def test_markdown_folds_a_reply_whose_prompt_opened_its_reasoning() -> None:
+    tree = Tree()
+    tree.add_child(tree.active_leaf, Role.USER, "Hi")
+    reply = tree.add_child(tree.active_leaf, Role.ASSISTANT, "x</think>y")
+    reply.meta[OPENED] = True
+    text = export_markdown(from_tree(tree, title="Opened"))
+    assert "## Assistant\n\n<details>\n<summary>Reasoning</summary>\n\nx\n\n</details>\n\ny\n" \
+        in text
 
 
 def test_chatgpt_export_keeps_the_reasoning_and_imports_it_back() -> None:
@@ -350,3 +408,76 @@ def _step(session: Session, step: str, options: GenerationOptions) -> str | None
     if op == "continue":
         return session.resume(reply.id, options).text
     return session.edit(reply.id, text, options).text
+
+
+# --- a reply whose generation prompt opened its reasoning ----------------------------------
+
+
+@pytest.fixture
+def opening_runtime(
+    tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Runtime]:
+    """A runtime whose model's own chat template ends the generation prompt with `<think>`."""
+    runtime = Runtime(tiny_models[ALL_KINDS[0].value], RuntimeSettings(n_ctx=512, n_batch=16))
+    monkeypatch.setattr(runtime.model, "chat_template", lambda: OPENING)
+    yield runtime
+    runtime.close()
+
+
+def test_a_reply_after_a_prompt_that_opened_reasoning_keeps_the_flag_through_a_store(
+    opening_runtime: Runtime, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The engine marks the reply (its prompt ended with `<think>`), so its `x</think>y`
+    folds; a reply of the plain template does not get the mark. The mark is saved and read
+    back with the conversation."""
+    script = Scripted(opening_runtime, monkeypatch)
+    session = Session(opening_runtime, system="Be kind.", seed=5)
+    assert session.generator is not None and session.generator.template.is_model_own
+    options = GenerationOptions(max_tokens=4)
+    script.texts = ["x</think>y"]
+    session.send("Hi", options)
+    reply = session.tree.messages()[-1]
+    assert reply.meta[OPENED] is True
+    split = split_reasoning(reply.text, is_opened(reply.meta))
+    assert (split.reasoning, split.answer, split.state) == ("x", "y", ReasoningState.CLOSED)
+    with Store(tmp_path / "c.db") as store:
+        cid = store.create(session.tree, title="Opened")
+    with Store(tmp_path / "c.db") as store:
+        loaded = store.load(cid)
+    assert is_opened(loaded.messages()[-1].meta)
+    edited = session.conversation.edit(reply.id, "z</think>w").nodes[0]  # the same prompt
+    assert is_opened(edited.meta)
+
+    monkeypatch.setattr(opening_runtime.model, "chat_template", lambda: CHATML_TEMPLATE)
+    plain = Session(opening_runtime, system="Be kind.", seed=5)
+    script.texts = [SAYS_CLOSE]
+    plain.send("Hi", options)
+    reply = plain.tree.messages()[-1]
+    assert reply.meta[OPENED] is False
+    assert split_reasoning(reply.text, is_opened(reply.meta)).state is ReasoningState.NONE
+
+
+def test_a_stored_reply_without_the_flag_reads_as_not_opened() -> None:
+    """Stores written before the flag existed: a reply's meta has no `OPENED`."""
+    assert not is_opened({"open_len": 3, "prompt_len": 2})
+    assert not is_opened({OPENED: "yes"})
+
+
+def test_the_engine_says_before_the_first_piece_that_the_reply_began_inside_reasoning(
+    opening_runtime: Runtime, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """So the window shows the streaming text as reasoning from the start; a plain
+    template's reply is not announced so."""
+    session = Session(opening_runtime, system="Be kind.", seed=5)
+    session.conversation.send("Hi")
+    path = session.tree.active_path()
+    said: list[str] = []
+    for template, expected in ((OPENING, ["opened", "piece"]), (CHATML_TEMPLATE, ["piece"])):
+        monkeypatch.setattr(opening_runtime.model, "chat_template", lambda t=template: t)
+        generator = Generator(opening_runtime)
+        said.clear()
+        result = run_reply(generator, [NodeView.of(n).to_node() for n in path], max_tokens=2,
+                           seed=1, on_piece=lambda _piece: said.append("piece"),
+                           on_opened=lambda: said.append("opened"))
+        assert said[: len(expected)] == expected
+        assert dict(result.meta)[OPENED] is (template == OPENING)

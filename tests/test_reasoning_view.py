@@ -13,6 +13,7 @@ from pytestqt.qtbot import QtBot
 from app.chat_model import ChatModel, MessageRow, accessible_description, accessible_text
 from app.chat_view import ChatView
 from app.main_window import MainWindow
+from engine.reasoning import OPENED
 from engine.tree import NodeStatus, Role, Tree
 from tests.app_fixtures import painted_document
 
@@ -21,9 +22,13 @@ REPLY = f"<think>\n{THOUGHTS}\n</think>\n\nHello! How can I help?"
 CODE_REPLY = f"<think>\n{THOUGHTS}\n</think>\n\n```python\nprint('hi')\n```"
 
 
+SAYS_CLOSE = "The tag </think> closes reasoning."
+
+
 def row(node_id: int, text: str, status: str = "complete", role: str = "assistant",
-        shown: bool | None = None) -> MessageRow:
-    return MessageRow(node_id, role, text, status, 0, 1, reasoning_shown=shown)
+        shown: bool | None = None, opened: bool = False) -> MessageRow:
+    return MessageRow(node_id, role, text, status, 0, 1, reasoning_shown=shown,
+                      reasoning_opened=opened)
 
 
 @pytest.fixture
@@ -212,3 +217,54 @@ def test_a_reasoning_reply_in_the_window(
     assert win.controller.open_conversation(other_id)
     assert chat.model().row_at(0).text == "Hello"
     assert chat.model().row_at(1).reasoning_shown is None
+
+
+def test_a_reply_that_only_mentions_the_closing_tag_is_shown_whole(view: ChatView) -> None:
+    quoted = "Close it with `</think>`, then answer."
+    view.set_rows([row(1, SAYS_CLOSE), row(2, quoted)])
+    for node_id in (1, 2):
+        doc = painted_document(view, node_id)
+        assert doc.reasoning is None
+        assert header(view, node_id).isEmpty()
+        assert "reasoning" not in accessible_text(view.model().row_at(node_id - 1))
+    assert painted_document(view, 2).toPlainText() == "Close it with </think>, then answer."
+
+
+def test_a_reply_whose_prompt_opened_its_reasoning_streams_as_reasoning(
+    view: ChatView,
+) -> None:
+    """The engine says the reply began inside its reasoning (its prompt ended with `<think>`):
+    it is open reasoning from the first piece, and folds once the closing marker came."""
+    view.set_rows([row(1, "Hi", role="user"), row(2, "", status="streaming")])
+    view.update_text(2, "The user wants", reasoning_opened=True)
+    doc = painted_document(view, 2)
+    assert doc.reasoning is not None and doc.reasoning.shown
+    assert doc.reasoning.label == "Reasoning… · 3 words"
+    view.update_text(2, f"{THOUGHTS}\n</think>\n\nHello")  # the flag stays as it was
+    doc = painted_document(view, 2)
+    assert doc.reasoning is not None and not doc.reasoning.shown
+    assert doc.reasoning.label == "Reasoning · 60 words"
+    assert doc.toPlainText() == "Hello"
+
+
+def test_the_window_folds_by_the_replys_stored_flag_alone(
+    offline_window: Callable[[Tree], MainWindow]
+) -> None:
+    """Read from the store: `x</think>y` after a prompt that opened the reasoning folds; the
+    same words without the flag, and a reply that mentions the tag, are shown whole."""
+    tree = Tree("")
+    question = tree.add_child(tree.root_id, Role.USER, "Hi")
+    mentions = tree.add_child(question.id, Role.ASSISTANT, SAYS_CLOSE)
+    unmarked = tree.add_sibling(mentions.id, "x</think>y")
+    opened = tree.add_sibling(mentions.id, "x</think>y")
+    opened.meta[OPENED] = True
+    win = offline_window(tree)
+    chat = win.chat
+    doc = painted_document(chat, opened.id)
+    assert doc.reasoning is not None and doc.toPlainText() == "y"
+    assert doc.reasoning.label == "Reasoning · 1 word"
+    for variant, other in enumerate((mentions, unmarked)):
+        win.controller.switch_variant(opened.id, variant)
+        assert chat.model().row_at(1).node_id == other.id
+        doc = painted_document(chat, other.id)
+        assert doc.reasoning is None  # (Markdown drops the tag itself, as raw HTML)

@@ -208,3 +208,15 @@ def test_in_the_window_an_address_with_nothing_listening_is_left_out_and_named(
     assert dead in window.statusBar().currentMessage()
     send(qtbot, window, "Hello over the network")
     assert window.tree.messages()[-1].status is NodeStatus.COMPLETE
+
+
+def test_in_the_window_a_reload_keeps_workers_the_loaded_model_is_on(
+    qtbot: QtBot, rpc_window: MainWindow
+) -> None:
+    """A worker serves one client at a time, and the loaded model holds its connection
+    while the new one is placed: the probe must not take that for a silent worker."""
+    window = rpc_window
+    with qtbot.waitSignal(window.model_ready, timeout=TIMEOUT):
+        window.models.apply_settings(replace(window.settings, n_ctx=1024))
+    model = window.replies.model
+    assert model is not None and model.backend == "CPU + 2 RPC workers", model.notices

@@ -28,6 +28,7 @@ from engine.api.worker import Begun
 from engine.conversation import Conversation, ReplyJob, ReplyStart
 from engine.errors import ArborError
 from engine.params import FinishReason
+from engine.reasoning import OPENED, is_opened
 from engine.reply import NodeView, ReplyResult
 from engine.store import Store
 from engine.tree import Node, NodeStatus, Tree
@@ -114,7 +115,8 @@ class ApiTrees:
         finished = conversation.finish_reply(placed.start.reply.id, result)
         if cut is not None:  # its tokens went past the cut: rendered again from the text
             reply = conversation.tree.node(placed.start.reply.id)
-            reply.tokens, reply.meta = None, {"finish": FinishReason.STOP.value}
+            reply.tokens, reply.meta = None, {"finish": FinishReason.STOP.value,
+                                              OPENED: is_opened(reply.meta)}
             reply.status = NodeStatus.COMPLETE
         try:
             self._save(placed.tree, [*placed.added, *finished.nodes], finished.deleted)

@@ -8,7 +8,7 @@ written, and a last line says how many other branches were left out. A reply's r
 from __future__ import annotations
 
 from engine.formats import active_path, check_record
-from engine.reasoning import ReasoningState, split_reasoning
+from engine.reasoning import ReasoningState, is_opened, split_reasoning
 from engine.records import ConversationRecord
 from engine.tree import Role
 
@@ -25,16 +25,18 @@ def export_markdown(record: ConversationRecord) -> str:
         blocks.append(_quote(path[0].text))
     for node in path[1:]:
         blocks.append(_HEADINGS[node.role])
-        blocks.extend(_reply(node.text) if node.role is Role.ASSISTANT else [node.text])
+        blocks.extend(_reply(node.text, is_opened(node.meta)) if node.role is Role.ASSISTANT
+                      else [node.text])
     others = _other_branches(record)
     if others:
         blocks.append(_branches_note(others))
     return "\n\n".join(blocks) + "\n"
 
 
-def _reply(text: str) -> list[str]:
-    """A reply's blocks: its reasoning, if any, folded away above the answer."""
-    split = split_reasoning(text)
+def _reply(text: str, opened: bool) -> list[str]:
+    """A reply's blocks: its reasoning, if any, folded away above the answer. `opened`: the
+    reply began inside its reasoning (its meta says so)."""
+    split = split_reasoning(text, opened)
     if split.state is ReasoningState.NONE:
         return [text]
     label = "Reasoning" if split.state is ReasoningState.CLOSED else "Reasoning (unfinished)"
