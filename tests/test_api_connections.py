@@ -105,7 +105,9 @@ def served(server: Server) -> None:
 
 
 def guard_lines(caplog: pytest.LogCaptureFixture) -> list[str]:
-    return [r.getMessage() for r in caplog.records if r.name == "engine.api.guard"]
+    """The guard's lines, and any error (a request closed under the app included)."""
+    return [r.getMessage() for r in caplog.records
+            if r.name == "engine.api.guard" or r.levelno >= logging.ERROR]
 
 
 def test_eleven_hundred_idle_and_trickling_connections_do_not_lock_a_client_out(

@@ -183,8 +183,10 @@ class GuardedH11Protocol(H11Protocol):
         if self.cycle is not None and not self.cycle.response_complete:
             self.cycle.disconnected = True  # nothing the app sends goes out after this
             self.cycle.message_event.set()
+        answered = (self._phase is Phase.BODY and self.cycle is not None
+                    and self.cycle.response_started)  # a body the app did not wait for
         if not self.transport.is_closing():
-            if error is not None:
+            if error is not None and not answered:
                 self.transport.write(error_bytes(error, reason))
             self.transport.close()
 
