@@ -19,6 +19,7 @@ import pytest
 from openai import OpenAI
 
 from engine.api.engines import OwnEngine
+from engine.api.guard import ConnectionLimits
 from engine.api.server import Server, ServerOptions, api_key_of, check_binding, model_id_of
 from engine.api.trees import LocalTrees
 from engine.api.worker import ApiWorker
@@ -35,13 +36,14 @@ FIRST = "Tell me how a river delta forms, and why the silt settles where it does
 
 @contextmanager
 def serving(model: Path, db: Path, *, settings: Settings = SETTINGS, api_key: str | None = None,
-            max_queue: int = 16, cors_origins: tuple[str, ...] = ()
-            ) -> Iterator[tuple[Server, OpenAI]]:
+            max_queue: int = 16, cors_origins: tuple[str, ...] = (),
+            limits: ConnectionLimits | None = None) -> Iterator[tuple[Server, OpenAI]]:
     engine = OwnEngine(model, settings)
     worker = ApiWorker(lambda: LocalTrees(db), engine, max_queue=max_queue)
     worker.start()
     server = Server(worker, lambda: model_id_of(model),
-                    ServerOptions(port=0, api_key=api_key, cors_origins=cors_origins))
+                    ServerOptions(port=0, api_key=api_key, cors_origins=cors_origins,
+                                  limits=limits or ConnectionLimits()))
     server.start()
     client = OpenAI(base_url=server.url, api_key=api_key or "unused", max_retries=0,
                     timeout=TIMEOUT)

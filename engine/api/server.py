@@ -17,7 +17,7 @@ import socket
 import stat
 import threading
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -27,10 +27,11 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
 from starlette.middleware.cors import CORSMiddleware
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from engine.api.guard import BACKLOG, ConnectionLimits, fd_limit, guarded_protocol
 from engine.api.schema import (
     MAX_BODY_BYTES,
     ApiError,
@@ -57,6 +58,8 @@ class ServerOptions:
     api_key: str | None = None
     allow_remote: bool = False  # binding anything but loopback needs this and a key
     cors_origins: tuple[str, ...] = ()
+    # open connections, deadlines for a request's head and body
+    limits: ConnectionLimits = field(default_factory=ConnectionLimits)
 
 
 API_KEY_ENV = "ARBOR_API_KEY"
@@ -278,11 +281,14 @@ async def _body(request: Request) -> bytes:
         raise _too_large(int(declared))
     parts: list[bytes] = []
     size = 0
-    async for part in request.stream():
-        size += len(part)
-        if size > MAX_BODY_BYTES:
-            raise _too_large(size)
-        parts.append(part)
+    try:
+        async for part in request.stream():
+            size += len(part)
+            if size > MAX_BODY_BYTES:
+                raise _too_large(size)
+            parts.append(part)
+    except ClientDisconnect:  # gone, or closed for a body too slow: no one to answer
+        raise ApiError(499, "the client went away", type="cancelled") from None
     return b"".join(parts)
 
 
@@ -330,9 +336,12 @@ class Server:
         self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         self.socket.bind((options.host, options.port))
         self.host, self.port = self.socket.getsockname()[:2]
+        # h11 under Arbor's guard (engine.api.guard), whatever else is installed; no
+        # WebSocket upgrades.
         config = uvicorn.Config(create_app(worker, model_id, options), log_level="warning",
-                                lifespan="off", access_log=False,
-                                timeout_graceful_shutdown=5)
+                                lifespan="off", access_log=False, ws="none",
+                                http=guarded_protocol(options.limits, fd_limit()),
+                                backlog=BACKLOG, timeout_graceful_shutdown=5)
         self._server = _Uvicorn(config, on_stopping=worker.stop)
         self._thread: threading.Thread | None = None
 
