@@ -157,7 +157,8 @@ def run_reply(
     `generator.after_reply()` once the result is delivered (it may spill checkpoints).
     """
     untokenized = {node.id for node in path if node.tokens is None}
-    cut = generator.fit(path, resume=resume, max_tokens=max_tokens, overflow=overflow)
+    cut = generator.fit(path, resume=resume, max_tokens=max_tokens, overflow=overflow,
+                        cancel=cancel)
     read = read_part(path, cut)
     prepared = generator.prepare(read, resume=resume, on_progress=on_progress,
                                  on_plan=on_plan, cancel=cancel)
