@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from engine.checkpoints import DEFAULT_INTERVAL, Checkpoint, CheckpointStore, plan_saves
+from engine.errors import ContextOverflowError
 from engine.llama import apply_builtin_template, builtin_template_names
 from engine.overflow import Cut, Overflow, fit, read_part, reply_room
 from engine.params import SamplingParams
@@ -151,19 +152,28 @@ class Generator:
         max_tokens: int,
         overflow: Overflow,
         tail: bool = True,
+        cancel: CancelFn | None = None,
     ) -> Cut:
         """Which nodes of `path` the model reads for a reply (`engine.overflow`). Every node
         gets its tokens first, rendered after the whole path, so a node's tokens never depend
         on what is left out. `tail`: count the reply's prompt (False for a warm-up, which
-        prepares the path alone)."""
-        self.prompts.ensure_tokens(path)
+        prepares the path alone).
+
+        Under `Overflow.STOP` the rendering stops as soon as the path is known not to fit
+        (`ContextOverflowError`, counting the tokens found so far), so a path far longer than
+        the context costs no more than the context's worth of it; `cancel` stops it between
+        nodes (`Cancelled`)."""
+        n_ctx = self.runtime.n_ctx
+        limit = n_ctx if overflow is Overflow.STOP else None
+        if not self.prompts.ensure_tokens(path, cancel=cancel, limit=limit):
+            counted = sum(len(node.tokens) for node in path if node.tokens is not None)
+            raise ContextOverflowError(counted, n_ctx)
         lengths = [len(node.tokens or ()) for node in path]
         user = [node.role is Role.USER for node in path]
         extra = 0
         if tail and overflow is not Overflow.STOP:
             extra = len(self.prompts.generation_prompt(path) if resume is None
                         else self.prompts.open_reply_tokens(path, resume))
-        n_ctx = self.runtime.n_ctx
         return fit(lengths, user, tail=extra, n_ctx=n_ctx, room=reply_room(n_ctx, max_tokens),
                    policy=overflow)
 
@@ -185,7 +195,11 @@ class Generator:
         """
         if not self.use_cache:
             return None  # every prompt is decoded from scratch anyway
-        cut = self.fit(path, max_tokens=max_tokens, overflow=overflow, tail=False)
+        try:
+            cut = self.fit(path, max_tokens=max_tokens, overflow=overflow, tail=False,
+                           cancel=cancel)
+        except ContextOverflowError:
+            return None  # the real request will say it does not fit
         path = read_part(path, cut)
         target = self.prompts.path_tokens(path)
         marks = self.prompts.marks(path)

@@ -15,6 +15,7 @@ renders alike either way keeps what the model read and wrote.
 from __future__ import annotations
 
 import logging
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
@@ -23,7 +24,7 @@ from typing import Protocol
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from engine.errors import ArborError
+from engine.errors import ArborError, Cancelled
 from engine.tree import Node, Role
 
 log = logging.getLogger(__name__)
@@ -35,6 +36,12 @@ CHATML_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
 )
 _SENTINEL = "\u2063ARBOR-SENTINEL\u2063"
+_FRAME = "\u2063ARBOR-FRAME\u2063"  # a message's content while learning its frame
+# Untokenized nodes from which one rendering of the path is cut up (`_Tiling`) rather
+# than each node rendered after its ancestors.
+TILE_FROM = 6
+_KEPT_RENDERS = 4
+CancelFn = Callable[[], bool]
 
 
 class TemplateError(ArborError):
@@ -115,23 +122,47 @@ class PromptBuilder:
     def __init__(self, template: Template, tokenizer: Tokenizer) -> None:
         self._template = template
         self._tok = tokenizer
-        # Renderings of message lists while `ensure_tokens` runs: a node's "before" is the
-        # previous node's "after", so a long path is rendered about once per node, not more.
-        self._renders: dict[tuple[tuple[str, str], ...], str] | None = None
+        # The last few renderings while `ensure_tokens` runs: a node's "before" is the
+        # previous node's "after". Only a few are kept: each may be as long as the path.
+        self._renders: OrderedDict[tuple[tuple[str, str], ...], str] | None = None
         self._reply_frame = self._find_reply_frame()
         self._reply_opening = self._find_reply_opening()
 
     # --- node tokens -------------------------------------------------------------------
 
-    def ensure_tokens(self, path: Sequence[Node]) -> None:
-        """Give every node of `path` that has none its tokens (its slice of the template)."""
-        if all(node.tokens is not None for node in path):
-            return
-        self._renders = {}
+    def ensure_tokens(
+        self, path: Sequence[Node], *, cancel: CancelFn | None = None, limit: int | None = None
+    ) -> bool:
+        """Give every node of `path` that has none its tokens (its slice of the template).
+
+        Many nodes at once (an API request, an imported conversation) are cut from one
+        rendering of the path (`_Tiling`), so the work grows with the path, not with its
+        square; a node the tiling cannot vouch for is rendered on its own, exactly as a
+        single new node is. Raises `Cancelled` between nodes once `cancel` says so. With a
+        `limit`, stops once the path's tokens so far reach it, leaving the later nodes
+        without tokens, and returns False: the path cannot fit a context of that size.
+        """
+        missing = [index for index, node in enumerate(path) if node.tokens is None]
+        if not missing:
+            return True
+        self._renders = OrderedDict()
         try:
+            tiling = None
+            if len(missing) >= TILE_FROM:
+                tiling = _Tiling.of(self, path, missing[-1] + 1, cancel)
+            total = 0
             for index, node in enumerate(path):
+                if cancel is not None and cancel():
+                    raise Cancelled()
                 if node.tokens is None:
-                    node.tokens = tuple(self._render_node(path, index))
+                    text = tiling.pieces.get(index) if tiling is not None else None
+                    if text is None:
+                        text = self._node_text(path, index)
+                    node.tokens = tuple(self._node_tokens(index, text))
+                total += len(node.tokens)
+                if limit is not None and total >= limit and index < missing[-1]:
+                    return False
+            return True
         finally:
             self._renders = None
 
@@ -228,22 +259,28 @@ class PromptBuilder:
     # --- internals ---------------------------------------------------------------------
 
     def _render_node(self, path: Sequence[Node], index: int) -> list[int]:
+        return self._node_tokens(index, self._node_text(path, index))
+
+    def _node_tokens(self, index: int, text: str) -> list[int]:
+        tokens = self._tok.tokenize(text)
+        if index == 0 and self._tok.bos is not None and tokens[:1] != [self._tok.bos]:
+            tokens.insert(0, self._tok.bos)
+        return tokens
+
+    def _node_text(self, path: Sequence[Node], index: int) -> str:
+        """The text of node `index`: what the template adds when it follows path[:index]."""
         node = path[index]
         later = (self._later_reply_text(path[:index], node)
                  if node.role is Role.ASSISTANT else None)
         if later is not None:
-            tokens = self._tok.tokenize(later)
-        else:
-            before = self._render_messages(path[:index])
-            after = self._render_messages(path[: index + 1])
-            # The template rewrote the earlier turns once this node followed them (a reply
-            # that holds its reasoning in its tokens: one given them before replies were
-            # stored as rendered later, or one the template's rewriting was not found for).
-            cut = len(before) if after.startswith(before) else _rewritten_end(before, after)
-            tokens = self._tok.tokenize(after[cut:])
-        if index == 0 and self._tok.bos is not None and tokens[:1] != [self._tok.bos]:
-            tokens.insert(0, self._tok.bos)
-        return tokens
+            return later
+        before = self._render_messages(path[:index])
+        after = self._render_messages(path[: index + 1])
+        # The template rewrote the earlier turns once this node followed them (a reply
+        # that holds its reasoning in its tokens: one given them before replies were
+        # stored as rendered later, or one the template's rewriting was not found for).
+        cut = len(before) if after.startswith(before) else _rewritten_end(before, after)
+        return after[cut:]
 
     def _later_reply_text(self, path: Sequence[Node], reply: Node) -> str | None:
         """How the template renders `reply` after `path` once a user message follows it,
@@ -289,6 +326,10 @@ class PromptBuilder:
         if text is None:
             text = self._renders[key] = self._template.render(messages,
                                                               add_generation_prompt=False)
+            while len(self._renders) > _KEPT_RENDERS:
+                self._renders.popitem(last=False)
+        else:
+            self._renders.move_to_end(key)
         return text
 
     def _find_reply_opening(self) -> tuple[int, ...]:
@@ -319,6 +360,180 @@ class PromptBuilder:
             return None
         opening, closing = piece.split(_SENTINEL)
         return opening, closing
+
+
+@dataclass(frozen=True)
+class _Frame:
+    """What the template puts around a message's content when the message comes last."""
+
+    opening: str
+    closing: str
+
+    def pieces(self, content: str) -> list[str]:
+        """The message as the template may render it: its content as it is first, then
+        trimmed (templates that `trim` the content)."""
+        shown = dict.fromkeys((content, content.strip(), content.rstrip(), content.lstrip()))
+        return [self.opening + text + self.closing for text in shown]
+
+
+@dataclass(frozen=True)
+class _Tiling:
+    """The nodes' texts, cut from one rendering of the whole path.
+
+    A node's text is what the template adds when the node follows its ancestors; finding it
+    that way renders every prefix of the path, which grows with the square of its length.
+    Most templates render each message in a frame of its role (`_Frame`), the same wherever
+    it comes: the rendering of the whole path is then the frames one after another, and a
+    node's text is its frame. The frames are learned from probes rendered after the path's
+    own messages and the whole rendering is checked to be exactly those frames, so a
+    template that renders otherwise is found out. A reply followed by a user message is
+    also tried in the frame it has when a message follows it (`_Frame` of a reply before a
+    probe), with its text found from the two frames as `_later_reply_text` finds it. A node
+    neither fits is rendered on its own and the tiling goes on after it where it can. The
+    first messages (where templates put their defaults) and the last node are always
+    rendered on their own; the last one checks the whole tiling again.
+    """
+
+    pieces: dict[int, str]
+
+    @classmethod
+    def of(cls, builder: PromptBuilder, path: Sequence[Node], end: int,
+           cancel: CancelFn | None) -> _Tiling | None:
+        def check() -> None:
+            if cancel is not None and cancel():
+                raise Cancelled()
+
+        head, seen = 0, 0
+        while head < end and seen < 2:
+            seen += len(_messages(path[head:head + 1]))
+            head += 1
+        last = end - 1
+        if last - head < 2:
+            return None
+        check()
+        full = builder._template.render(_messages(path[:end]), add_generation_prompt=False)
+        start = builder._render_messages(path[:head])
+        if not full.startswith(start):
+            return None
+        frames: dict[Role, _Frame | None] = {}
+        for index in range(head, last):
+            role = path[index].role
+            if role not in frames:
+                check()
+                frames[role] = _learn_frame(builder, path[:index], role)
+        user = frames.get(Role.USER)
+        probe = user.opening + _SENTINEL + user.closing if user is not None else None
+        reply_later = None
+        first = next((index for index in range(head, last) if path[index].role
+                      is Role.ASSISTANT and path[index + 1].role is Role.USER), None)
+        if first is not None and probe is not None:
+            check()
+            reply_later = _learn_reply_later(builder, path[:first], probe)
+        pieces: dict[int, str] = {}
+        pos = len(start)
+        prev_pos, prev_last = pos, ""  # the previous node: where it starts, its last form
+        for index in range(head, last):
+            check()
+            node = path[index]
+            frame = frames[node.role]
+            # The ancestors render as they do in the whole rendering.
+            consistent = len(prev_last) == pos - prev_pos and full.startswith(prev_last, prev_pos)
+            if node.role is Role.SYSTEM and not node.text:
+                pieces[index] = ""
+                continue
+            found = None
+            if frame is not None and (consistent or node.role is not Role.ASSISTANT):
+                for piece in frame.pieces(node.text):
+                    if full.startswith(piece, pos):
+                        found = (piece, piece)
+                        break
+            if (found is None and frame is not None and reply_later is not None
+                    and probe is not None and consistent and node.role is Role.ASSISTANT
+                    and path[index + 1].role is Role.USER):
+                for seg, alone in zip(reply_later.pieces(node.text), frame.pieces(node.text),
+                                      strict=True):
+                    if full.startswith(seg, pos):
+                        found = (seg, alone)
+                        break
+            if found is not None:
+                seg, alone = found
+                if node.role is Role.ASSISTANT:
+                    pieces[index] = _later_text(alone, seg + probe) if probe else alone
+                else:  # as `_node_text` cuts it after the previous node
+                    before, after = prev_last, full[prev_pos:pos] + alone
+                    cut = (len(before) if after.startswith(before)
+                           else _rewritten_end(before, after))
+                    pieces[index] = after[cut:]
+                prev_pos, prev_last, pos = pos, alone, pos + len(seg)
+                continue
+            # Not in a frame: rendered on its own, and the tiling goes on after it if the
+            # renderings agree with the whole one.
+            text = pieces[index] = builder._node_text(path, index)
+            before = builder._render_messages(path[:index])
+            after = builder._render_messages(path[:index + 1])
+            if len(before) != pos or not full.startswith(before) or not after.startswith(before):
+                return cls(pieces)  # the rest is rendered node by node
+            alone = after[pos:]
+            if full.startswith(alone, pos):
+                seg = alone
+            elif full.startswith(text, pos) and path[index + 1].role is Role.USER:
+                seg = text
+            else:
+                return cls(pieces)
+            prev_pos, prev_last, pos = pos, alone, pos + len(seg)
+        # The last node's ancestors, rendered as its text will be found: the tiling must agree.
+        check()
+        before = builder._render_messages(path[:last])
+        if before != full[:prev_pos] + prev_last:
+            log.info("chat template: the tiling of the path did not hold; rendering its "
+                     "nodes one by one")
+            return None
+        return cls(pieces)
+
+
+def _learn_frame(builder: PromptBuilder, path: Sequence[Node], role: Role) -> _Frame | None:
+    """The frame of a `role` message coming last after `path`, or None if it has none."""
+    base = builder._render_messages(path)
+    try:
+        probe = builder._template.render(
+            [*_messages(path), {"role": role.value, "content": _FRAME}],
+            add_generation_prompt=False)
+    except TemplateError:
+        return None
+    piece = probe[len(base) if probe.startswith(base) else _rewritten_end(base, probe):]
+    if piece.count(_FRAME) != 1:
+        return None
+    opening, closing = piece.split(_FRAME)
+    return _Frame(opening, closing)
+
+
+def _learn_reply_later(builder: PromptBuilder, path: Sequence[Node], probe: str
+                       ) -> _Frame | None:
+    """The frame of a reply after `path` once a user message (`probe`, as rendered last)
+    follows it."""
+    base = builder._render_messages(path)
+    try:
+        later = builder._template.render(
+            [*_messages(path), {"role": "assistant", "content": _FRAME},
+             {"role": "user", "content": _SENTINEL}], add_generation_prompt=False)
+    except TemplateError:
+        return None
+    piece = later[len(base):]
+    if not later.startswith(base) or not piece.endswith(probe) or piece.count(_FRAME) != 1:
+        return None
+    opening, closing = piece[: len(piece) - len(probe)].split(_FRAME)
+    return _Frame(opening, closing)
+
+
+def _later_text(alone: str, later: str) -> str:
+    """A reply's text as `_node_text` finds it from its renderings last (`alone`) and
+    before the probe user message (`later`), both after the same ancestors."""
+    if later.startswith(alone):
+        return alone
+    end = _kept_tail_end(alone, later)
+    if end is None or _SENTINEL not in later[end:]:
+        return alone
+    return later[:end]
 
 
 def _messages(path: Sequence[Node]) -> list[dict[str, str]]:

@@ -162,7 +162,8 @@ def run_reply(
     (the finished reply's meta says so too: `engine.reasoning.OPENED`).
     """
     untokenized = {node.id for node in path if node.tokens is None}
-    cut = generator.fit(path, resume=resume, max_tokens=max_tokens, overflow=overflow)
+    cut = generator.fit(path, resume=resume, max_tokens=max_tokens, overflow=overflow,
+                        cancel=cancel)
     read = read_part(path, cut)
     prepared = generator.prepare(read, resume=resume, on_progress=on_progress,
                                  on_plan=on_plan, cancel=cancel)
