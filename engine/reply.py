@@ -146,6 +146,7 @@ def run_reply(
     cancel: CancelFn | None = None,
     sampling: SamplingParams | None = None,
     overflow: Overflow = Overflow.STOP,
+    scope: str = "",
 ) -> ReplyResult:
     """Answer the last node of `path` (or go on with `resume`, a reply to it).
 
@@ -155,12 +156,13 @@ def run_reply(
     prepare raises `Cancelled` (nothing was said); a stop during generation returns what was
     said so far, finished as `FinishReason.CANCELLED`. Other errors propagate. Call
     `generator.after_reply()` once the result is delivered (it may spill checkpoints).
+    `scope`: whose request it is; only that scope's cached state is reused.
     """
     untokenized = {node.id for node in path if node.tokens is None}
     cut = generator.fit(path, resume=resume, max_tokens=max_tokens, overflow=overflow)
     read = read_part(path, cut)
     prepared = generator.prepare(read, resume=resume, on_progress=on_progress,
-                                 on_plan=on_plan, cancel=cancel)
+                                 on_plan=on_plan, cancel=cancel, scope=scope)
     generation = generator.generate(
         max_tokens=max_tokens, seed=seed, cancel=cancel, sampling=sampling,
         on_token=(lambda _token, piece: on_piece(piece)) if on_piece is not None else None,
