@@ -149,14 +149,14 @@ class WindowEngine:
             time.sleep(POLL_S)
 
     def reply(self, path: Sequence[Node], *, max_tokens: int, seed: int, on_piece: PieceFn,
-              cancel: CancelFn, sampling: SamplingParams) -> ReplyResult:
+              cancel: CancelFn, sampling: SamplingParams, scope: str) -> ReplyResult:
         request_id = next(self._ids)
         events: queue.Queue[Event] = queue.Queue()
         self._engine.tap(request_id, events.put)
         try:
             self._engine.send(GenerateRequest(
                 request_id, -1, -1, tuple(NodeView.of(node) for node in path), None,
-                max_tokens, seed, sampling))
+                max_tokens, seed, sampling, scope=scope))  # never the window's scope
             stopped = False
             while True:
                 if self._closing.is_set():  # the window is closing or the API going off
@@ -187,7 +187,7 @@ class WindowEngine:
         finally:
             self._engine.tap(request_id, None)
 
-    def warm_while(self, path: Sequence[Node], idle: Callable[[], bool]
+    def warm_while(self, path: Sequence[Node], idle: Callable[[], bool], scope: str
                    ) -> ReplyReport | None:
         return None  # the window warms its own branches
 

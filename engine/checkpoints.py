@@ -12,6 +12,11 @@ disk file is also signed with the installation's key (`engine.keyfile`): an HMAC
 header, which holds the blob's sha256. A file whose tag, identity or checksum does not match is
 removed and never handed to llama.cpp: its state loader is not safe on foreign bytes, and
 anyone who can write the cache folder could otherwise choose what it loads.
+
+Every checkpoint also carries its cache scope: whose requests made it ("" for the window, one
+scope per API `user`). A checkpoint serves only requests of its own scope, so what a request
+reuses (and so `cached_tokens` and the time it takes) never tells one client of another's
+messages.
 """
 
 from __future__ import annotations
@@ -45,6 +50,7 @@ _FILE_VERSION = 3
 _PREFIX = struct.Struct("<8sII")  # magic, version, header length; then the tag, header, blob
 _TAG_BYTES = 32
 _HEADER_LIMIT = 1 << 26
+MAX_SCOPE_CHARS = 256  # a scope is a short name ("api:" and a sha256 for the API's)
 
 
 @dataclass(frozen=True)
@@ -85,6 +91,8 @@ class Checkpoint:
     node_id: int | None = None
     id: int = field(default_factory=lambda: next(_ids))
     size: int = -1  # bytes of the blob; set from the blob when not given
+    # Whose requests made it ("" the window's): it serves only requests of the same scope.
+    scope: str = ""
 
     def __post_init__(self) -> None:
         if self.size < 0:
@@ -215,10 +223,12 @@ class CheckpointStore:
     def all(self) -> list[Checkpoint]:
         return [e.checkpoint for e in self._entries.values()]
 
-    def candidates(self, target: Sequence[int], schedule: Schedule) -> list[Checkpoint]:
-        """Every checkpoint that fits `target` decoded by `schedule`, deepest first."""
+    def candidates(self, target: Sequence[int], schedule: Schedule, *, scope: str = ""
+                   ) -> list[Checkpoint]:
+        """Every checkpoint of `scope` that fits `target` decoded by `schedule`, deepest
+        first. Another scope's never: what it holds is another client's."""
         found = [e.checkpoint for e in self._entries.values()
-                 if e.checkpoint.fits(target, schedule)]
+                 if e.checkpoint.scope == scope and e.checkpoint.fits(target, schedule)]
         found.sort(key=lambda c: c.n_tokens, reverse=True)
         return found
 
@@ -256,7 +266,9 @@ class CheckpointStore:
             raise ValueError("a checkpoint without its chunk ends can never be restored")
         for entry in self._entries.values():
             held = entry.checkpoint
-            if held.tokens == checkpoint.tokens and held.bounds == checkpoint.bounds:
+            if (held.tokens, held.bounds, held.scope) == (
+                checkpoint.tokens, checkpoint.bounds, checkpoint.scope
+            ):
                 entry.last_used = time.monotonic()
                 return  # the same state is already kept
         self._entries[checkpoint.id] = _Entry(checkpoint, time.monotonic())
@@ -272,8 +284,8 @@ class CheckpointStore:
             return entry.checkpoint
         assert entry.path is not None
         loaded = self._read_file(entry.path)
-        if loaded is None or (loaded.tokens, loaded.bounds) != (
-            checkpoint.tokens, checkpoint.bounds
+        if loaded is None or (loaded.tokens, loaded.bounds, loaded.scope) != (
+            checkpoint.tokens, checkpoint.bounds, checkpoint.scope
         ):
             self.reject(checkpoint.id)
             return None
@@ -386,6 +398,7 @@ class CheckpointStore:
             "tokens": list(checkpoint.tokens),
             "bounds": list(checkpoint.bounds),
             "flags": checkpoint.flags,
+            "scope": checkpoint.scope,
             "size": checkpoint.size,
             "sha256": hashlib.sha256(checkpoint.blob).hexdigest(),
         })
@@ -421,7 +434,7 @@ class CheckpointStore:
                 raise ValueError("the blob does not match its checksum")
             return Checkpoint(
                 tokens=tuple(header["tokens"]), blob=blob, bounds=tuple(header["bounds"]),
-                flags=header["flags"], size=size,
+                flags=header["flags"], size=size, scope=header.get("scope", ""),
             )
         except (OSError, ValueError, FormatError) as exc:
             log.warning("discarding checkpoint file %s: %s", path.name, exc)
@@ -457,6 +470,9 @@ class CheckpointStore:
             raise ValueError("bad size or flags")
         if not isinstance(header.get("sha256"), str):
             raise ValueError("bad checksum field")
+        scope = header.get("scope", "")  # files written before scopes are the window's
+        if not isinstance(scope, str) or len(scope) > MAX_SCOPE_CHARS:
+            raise ValueError("bad scope")
         return header
 
     def _load_disk_index(self) -> None:

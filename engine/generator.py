@@ -125,9 +125,11 @@ class Generator:
         on_progress: ProgressFn | None = None,
         on_plan: PlanFn | None = None,
         cancel: CancelFn | None = None,
+        scope: str = "",
     ) -> Prepared:
         """Bring the context to the prompt for a reply after `path` (or for more of
-        `resume`, a reply whose parent is path[-1]) by the cheapest valid plan."""
+        `resume`, a reply whose parent is path[-1]) by the cheapest valid plan that uses
+        only `scope`'s state (engine.checkpoints: scopes)."""
         marks = self.prompts.marks(path)
         if resume is None:
             before: list[int] = []
@@ -141,7 +143,7 @@ class Generator:
             opening = self.prompts.reply_opening(opened)
             if opening is not None:  # as the finished reply will mark it (PromptBuilder.marks)
                 marks.append(marks[-1] + opening)
-        report = self._prepare(list(path), target, marks, on_progress, cancel, on_plan)
+        report = self._prepare(list(path), target, marks, on_progress, cancel, on_plan, scope)
         return Prepared(report, tuple(before), base_text)
 
     def fit(
@@ -184,6 +186,7 @@ class Generator:
         cancel: CancelFn | None = None,
         max_tokens: int = 512,
         overflow: Overflow = Overflow.STOP,
+        scope: str = "",
     ) -> PrepareReport | None:
         """Prepare what the next prompt will start with: `path` itself, batched (under
         `Overflow.DROP_OLDEST`, the part of it a reply would read now).
@@ -191,7 +194,7 @@ class Generator:
         Done while the user reads or types, so that Send decodes only the new message. After
         a reply this re-decodes the reply in one batch (its one-token decode is not the
         canonical state; see Runtime.canonical_tokens). Returns None when the context holds
-        exactly that already. Cancellable between chunks and inside one.
+        exactly that already (for `scope`). Cancellable between chunks and inside one.
         """
         if not self.use_cache:
             return None  # every prompt is decoded from scratch anyway
@@ -207,11 +210,11 @@ class Generator:
         if not target or len(target) >= runtime.n_ctx:
             return None  # nothing to warm, or the real request will say it does not fit
         held = runtime.live_tokens[: runtime.canonical_tokens]
-        if list(held) == target and runtime.schedule(len(target), marks).agrees(
-            runtime.live_bounds
-        ):
+        if runtime.live_scope == scope and list(held) == target and runtime.schedule(
+            len(target), marks
+        ).agrees(runtime.live_bounds):
             return None
-        report = self._prepare(list(path), target, marks, None, cancel, None)
+        report = self._prepare(list(path), target, marks, None, cancel, None, scope)
         runtime.flush_capture()  # no reply follows: keep the branch's checkpoint now
         return report
 
@@ -274,23 +277,25 @@ class Generator:
         on_progress: ProgressFn | None,
         cancel: CancelFn | None,
         on_plan: PlanFn | None = None,
+        scope: str = "",
     ) -> PrepareReport:
         runtime = self.runtime
         if not self.use_cache:
             runtime.clear()
             return runtime.prepare(
                 target, marks=marks, use_live=False, on_progress=on_progress, on_plan=on_plan,
-                cancel=cancel,
+                cancel=cancel, scope=scope,
             )
         store = self.checkpoints
         if store is None:
             return runtime.prepare(
-                target, marks=marks, on_progress=on_progress, on_plan=on_plan, cancel=cancel
+                target, marks=marks, on_progress=on_progress, on_plan=on_plan, cancel=cancel,
+                scope=scope,
             )
         ends = list(itertools.accumulate(len(node.tokens or ()) for node in path))
         schedule = runtime.schedule(len(target), marks)
         store.protect(node.id for node in path)
-        candidates = store.candidates(target, schedule)
+        candidates = store.candidates(target, schedule, scope=scope)
         saved = {checkpoint.n_tokens for checkpoint in candidates}
         saves = [
             n
@@ -300,7 +305,8 @@ class Generator:
 
         def keep(checkpoint: Checkpoint) -> None:
             # Attach it to the node holding its last token; the prompt's end (the reply's
-            # generation prompt) belongs to the last message of the path.
+            # generation prompt) belongs to the last message of the path. It carries this
+            # scope: the runtime captured it from state prepared for the scope.
             index = bisect.bisect_left(ends, checkpoint.n_tokens)
             node = path[min(index, len(path) - 1)]
             store.add(replace(checkpoint, node_id=node.id))
@@ -315,6 +321,7 @@ class Generator:
             on_progress=on_progress,
             on_plan=on_plan,
             cancel=cancel,
+            scope=scope,
         )
         for checkpoint_id in prepared.failed_checkpoints:
             store.reject(checkpoint_id)

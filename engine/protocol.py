@@ -5,6 +5,8 @@ The same values serve the engine on a thread of the window's process and the eng
 process of its own, so every field is plain data (no callables, no open files) and this module
 loads no native library. Node ids are the front end's: the window sends global ids
 (conversation << 32 | node) so that checkpoints of different conversations never collide.
+A request's `scope` says whose it is ("" the window's; the API gives each `user` one): the
+engine reuses cached state only within a scope (engine.checkpoints).
 
 Stop and pre-emption do not queue behind a running request: they go through the `Control`
 the service was built with (a flag and a counter the engine checks between chunks, inside a
@@ -68,6 +70,7 @@ class WarmRequest:
     path: tuple[NodeView, ...]
     max_tokens: int = 512  # with `overflow`: which part of the path a reply would read
     overflow: Overflow = Overflow.STOP
+    scope: str = ""  # whose state it prepares: "" the window's
 
 
 @dataclass(frozen=True)
@@ -81,6 +84,7 @@ class GenerateRequest:
     seed: int
     sampling: SamplingParams | None = None  # this reply's own (API requests); else configured
     overflow: Overflow = Overflow.STOP  # when the path outgrows the context (engine.overflow)
+    scope: str = ""  # whose request: only this scope's cached state is reused ("" the window)
 
 
 @dataclass(frozen=True)
@@ -94,7 +98,8 @@ class ExportRequest:
 
 @dataclass(frozen=True)
 class AdoptCheckpoints:
-    """Checkpoints read from an imported session file (verified against `identity`)."""
+    """Checkpoints read from an imported session file (verified against `identity`): the
+    window's (scope "")."""
 
     identity: Identity
     checkpoints: tuple[Checkpoint, ...]

@@ -108,13 +108,14 @@ class RemoteReplier:
     def reply(self, path: Sequence[Node], *, resume: Node | None, max_tokens: int, seed: int,
               on_progress: ProgressFn | None = None, on_piece: PieceFn | None = None,
               cancel: CancelFn | None = None, sampling: SamplingParams | None = None,
-              overflow: Overflow = Overflow.STOP) -> ReplyResult:
+              overflow: Overflow = Overflow.STOP, scope: str = "") -> ReplyResult:
+        """`scope`: whose request it is (engine.protocol); only its cached state is reused."""
         first, self._prompted = not self._prompted, True
 
         def ask() -> ReplyResult:
             return self._reply(path, resume=resume, max_tokens=max_tokens, seed=seed,
                                on_progress=on_progress, on_piece=on_piece, cancel=cancel,
-                               sampling=sampling, overflow=overflow)
+                               sampling=sampling, overflow=overflow, scope=scope)
 
         try:
             return ask()
@@ -128,14 +129,14 @@ class RemoteReplier:
     def _reply(self, path: Sequence[Node], *, resume: Node | None, max_tokens: int, seed: int,
                on_progress: ProgressFn | None, on_piece: PieceFn | None,
                cancel: CancelFn | None, sampling: SamplingParams | None,
-               overflow: Overflow) -> ReplyResult:
+               overflow: Overflow, scope: str) -> ReplyResult:
         request_id = next(self._ids)
         self.process.preempt()
         self.process.send(GenerateRequest(
             request_id, 0, resume.id if resume is not None else -1,
             tuple(NodeView.of(node) for node in path),
             NodeView.of(resume) if resume is not None else None, max_tokens, seed, sampling,
-            overflow))
+            overflow, scope))
         stopped = False
         while True:
             if cancel is not None and not stopped and cancel():
@@ -174,13 +175,14 @@ class RemoteReplier:
                     pass
 
     def warm_while(self, path: Sequence[Node], idle: Callable[[], bool],
-                   poll_s: float = 0.05) -> ReplyReport | None:
-        """Prepare `path` while `idle()` holds: what it did, or None if a request came first
-        (the next `reply` makes the warm-up stale; it stops within a chunk)."""
+                   poll_s: float = 0.05, *, scope: str = "") -> ReplyReport | None:
+        """Prepare `path` for `scope` while `idle()` holds: what it did, or None if a request
+        came first (the next `reply` makes the warm-up stale; it stops within a chunk)."""
         if not path:
             return None
         epoch = self.process.epoch()
-        self.process.send(WarmRequest(epoch, 0, tuple(NodeView.of(node) for node in path)))
+        self.process.send(WarmRequest(epoch, 0, tuple(NodeView.of(node) for node in path),
+                                      scope=scope))
         while idle():
             if not self.process.poll(poll_s):
                 continue

@@ -148,6 +148,7 @@ def run_reply(
     cancel: CancelFn | None = None,
     sampling: SamplingParams | None = None,
     overflow: Overflow = Overflow.STOP,
+    scope: str = "",
 ) -> ReplyResult:
     """Answer the last node of `path` (or go on with `resume`, a reply to it).
 
@@ -160,13 +161,14 @@ def run_reply(
     `on_opened` is called before the first piece when the generation prompt opened the
     reply's reasoning, so a front end shows the streaming text as reasoning from the start
     (the finished reply's meta says so too: `engine.reasoning.OPENED`).
+    `scope`: whose request it is; only that scope's cached state is reused.
     """
     untokenized = {node.id for node in path if node.tokens is None}
     cut = generator.fit(path, resume=resume, max_tokens=max_tokens, overflow=overflow,
                         cancel=cancel)
     read = read_part(path, cut)
     prepared = generator.prepare(read, resume=resume, on_progress=on_progress,
-                                 on_plan=on_plan, cancel=cancel)
+                                 on_plan=on_plan, cancel=cancel, scope=scope)
     if on_opened is not None and generator.opens_reasoning(read):
         on_opened()
     generation = generator.generate(

@@ -131,6 +131,9 @@ class Runtime:
         # before, in every mode. `_settled` says the live state is in that form now.
         self._settles = self.memory_kind is MemoryKind.SLIDING_WINDOW
         self._settled = False
+        # Whose requests the live state was prepared for (engine.checkpoints: scopes): only
+        # a prepare for the same scope reuses it, and its checkpoints carry it.
+        self._live_scope = ""
         # The prompt-end checkpoint, taken after the first token is sampled (see prepare).
         self._pending_capture: Callable[[], None] | None = None
         log.info(
@@ -213,6 +216,11 @@ class Runtime:
         return self._bounds[-1] if self._bounds else 0
 
     @property
+    def live_scope(self) -> str:
+        """The cache scope the live state was prepared for."""
+        return self._live_scope
+
+    @property
     def live_bounds(self) -> tuple[int, ...]:
         """The chunk ends the canonical live prefix was decoded with."""
         return tuple(self._bounds)
@@ -276,7 +284,7 @@ class Runtime:
         blob = self.ctx.state_get(STATE_FLAGS)
         return Checkpoint(
             tokens=tuple(self._live), blob=blob, bounds=tuple(self._bounds), flags=STATE_FLAGS,
-            node_id=node_id,
+            node_id=node_id, scope=self._live_scope,
         )
 
     def restore(self, checkpoint: Checkpoint) -> bool:
@@ -290,6 +298,7 @@ class Runtime:
             return False
         self._live = list(checkpoint.tokens)
         self._bounds = list(checkpoint.bounds)
+        self._live_scope = checkpoint.scope
         self._settled = True  # loaded into a cleared cache: laid out from cell 0
         return True
 
@@ -324,6 +333,7 @@ class Runtime:
         on_progress: ProgressFn | None = None,
         on_plan: PlanFn | None = None,
         cancel: CancelFn | None = None,
+        scope: str = "",
     ) -> PrepareReport:
         """Bring the context to hold exactly `target`, with logits for its last token.
 
@@ -335,6 +345,10 @@ class Runtime:
         (ties go to the live cache). Every restore is verified; a failed one is reported in
         `failed_checkpoints` and the next candidate is tried. While decoding, the state is
         captured after each chunk end in `save_at` and passed to `on_checkpoint`.
+
+        `scope` is whose request this is (engine.checkpoints): the live cache is a candidate
+        only if it was prepared for the same scope, a checkpoint only if it was made for it.
+        So what is reused never depends on another scope's requests.
 
         A checkpoint asked for at the very end of the target is taken later, by
         `flush_capture`: `generate` calls it once the first token is sampled (sampling reads
@@ -353,11 +367,12 @@ class Runtime:
             raise ValueError(f"checkpoints can only be taken at chunk ends, not at {stray}")
         started = time.perf_counter()
         plans: list[tuple[int, int, Checkpoint | None]] = []
-        if use_live:
+        if use_live and scope == self._live_scope:
             plans.append((self.live_reuse(target, schedule), 1, None))
         for checkpoint in checkpoints:
             if (
-                checkpoint.n_tokens < len(target)
+                checkpoint.scope == scope
+                and checkpoint.n_tokens < len(target)
                 and schedule.agrees(checkpoint.bounds)
                 and checkpoint.is_prefix_of(target)
             ):
@@ -383,6 +398,7 @@ class Runtime:
                 failed.append(candidate.id)
         if source is Source.NONE:
             self.clear()
+        self._live_scope = scope  # what the cache holds now is this scope's alone
         if on_plan is not None:
             on_plan(len(target), reuse, source, used.pos_max if used is not None else None)
         saves = {p for p in save_at if p > reuse}

@@ -250,7 +250,7 @@ class EngineService:
         untokenized = {node.id for node in path if node.tokens is None}
         try:
             prepared = generator.warm(path, cancel=stale, max_tokens=request.max_tokens,
-                                      overflow=request.overflow)
+                                      overflow=request.overflow, scope=request.scope)
         except Cancelled:
             log.debug("warm-up pre-empted")
             self._emit(skipped)
@@ -300,7 +300,7 @@ class EngineService:
                 max_tokens=request.max_tokens, seed=request.seed, on_plan=on_plan,
                 on_progress=on_progress, on_piece=on_piece, on_opened=on_opened,
                 cancel=self.control.stop_requested, sampling=request.sampling,
-                overflow=request.overflow,
+                overflow=request.overflow, scope=request.scope,
             )
         except Cancelled:
             self._emit(_failed(request, ""))
@@ -325,14 +325,15 @@ class EngineService:
     def export_session(self, request: ExportRequest) -> None:
         """Write the session file here: the checkpoints live with the engine, and a file of a
         few hundred MiB should not hold the front end. Only this conversation's checkpoints go
-        (global node ids carry the conversation), read back from disk where spilled."""
+        (global node ids carry the conversation), and only the window's (an API client's
+        state is not the window's to give), read back from disk where spilled."""
         generator = self._generator
         items: list[SessionCheckpoint] = []
         if generator is not None and generator.checkpoints is not None:
             store = generator.checkpoints
             for checkpoint in store.all():
                 node = checkpoint.node_id
-                if node is None or node >> 32 != request.conversation_id:
+                if node is None or node >> 32 != request.conversation_id or checkpoint.scope:
                     continue
                 loaded = store.fetch(checkpoint)
                 if loaded is not None and loaded.blob is not None:
@@ -347,14 +348,15 @@ class EngineService:
 
     def adopt(self, request: AdoptCheckpoints) -> None:
         """Checkpoints from an imported session file: kept if they fit this context. Keyed
-        by their tokens, they serve the imported conversation without any id mapping."""
+        by their tokens, they serve the imported conversation without any id mapping; they
+        are the window's, whatever made them."""
         generator = self._generator
         store = generator.checkpoints if generator is not None else None
         if store is None or store.identity != request.identity:
             log.info("imported checkpoints do not fit the loaded model; not kept")
             return
         for checkpoint in request.checkpoints:
-            store.add(replace(checkpoint, node_id=None))
+            store.add(replace(checkpoint, node_id=None, scope=""))
         store.enforce_budget()
         self._emit_usage()
 

@@ -117,6 +117,43 @@ def test_regenerate_edit_and_switch_back_decode_only_the_tail_and_match_a_fresh_
             assert cold.usage.prompt_tokens == response.usage.prompt_tokens
 
 
+NOTE = ("The vault code is 4417. Remember it for me, along with the shelf where the spare "
+        "key sits: third from the top, behind the atlas. ") * 2
+
+
+@pytest.mark.parametrize("kind", ["dense", "recurrent"])
+def test_cached_tokens_tell_a_client_nothing_of_another_clients_messages(
+    kind: str, tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    """Issue 24's cache oracle: right after client a's private note, a guesser's right guess
+    reused all but a few of its tokens (a's live cache, a's checkpoint at the note's end),
+    a wrong one only the system prompt. Now each `user` is a cache scope of its own: both
+    guesses reuse nothing, the same words come back, and a's own swipe still reuses a's."""
+    db = tmp_path / "a.db"
+    wrong = NOTE.replace("4417", "9032")
+
+    def note(text: str, user: str | None) -> Any:
+        return ask(client, chat(text), **({"user": user} if user is not None else {}))
+
+    with serving(tiny_models[kind], db) as (_server, client):
+        private = note(NOTE, "a")
+        swipe = note(NOTE, "a")
+        assert tail(swipe) < 20, swipe.usage  # a's own state serves a
+        right = note(NOTE, "b")
+        note(NOTE, "a")  # a's again: its branch is what the engine holds and warms
+        guessed = note(wrong, "c")
+        cached = [r.usage.prompt_tokens_details.cached_tokens for r in (right, guessed)]
+        assert cached == [0, 0], cached  # before: all but the tail, and the system prompt
+        assert right.choices[0].message.content == private.choices[0].message.content
+        # No `user` is one more scope, with nothing of the others'.
+        anonymous = note(NOTE, None)
+        assert anonymous.usage.prompt_tokens_details.cached_tokens == 0
+    with Store(db) as store:  # and no tree is shared: a's, b's, the anonymous one, c's
+        titles = sorted(info.title for info in store.list())
+        assert titles == sorted(["API: " + " ".join(text.split())[:60]
+                                 for text in (NOTE, NOTE, NOTE, wrong)])
+
+
 def test_streaming_gives_the_same_text_in_chunks_and_usage_when_asked(
     tiny_models: dict[str, Path], tmp_path: Path
 ) -> None:
@@ -202,6 +239,8 @@ def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(
             ({**good, "max_tokens": "many"}, 400, "integer"),
             ({**good, "temperature": 9}, 400, "between"),
             ({**good, "n": 2}, 400, "'n' must be 1"),
+            ({**good, "user": 7}, 400, "'user' must be a string"),
+            ({**good, "user": "u" * 5000}, 400, "'user' must be a string"),
             ({**good, "model": "gpt-4o"}, 404, "not loaded"),
             (json.dumps({**good, "pad": "x" * (5 << 20)}).encode(), 413, "bytes"),
             ({**good, "messages": [{"role": "user", "content": "river " * 3000}]}, 400,

@@ -76,6 +76,25 @@ def test_the_api_answers_with_the_windows_engine_and_its_trees_show_in_the_sideb
     assert len(stored.node(stored.root.children[0]).children) == 2
 
 
+def test_an_api_client_learns_nothing_of_the_windows_conversations_from_the_cache(
+    qtbot: QtBot, window: MainWindow
+) -> None:
+    """The window's cache was every API client's: a request with the text of a note the
+    window had just answered came back with most of its prompt cached. The window's state
+    is its own scope; an API client's `cached_tokens` counts only its own."""
+    url = serve(window)
+    note = "My private note: the vault code is 4417, the spare key is behind the atlas."
+    send(qtbot, window, note)
+    messages = [{"role": "user", "content": note}]
+    if window.tree.root.text:
+        messages.insert(0, {"role": "system", "content": window.tree.root.text})
+    guess = in_thread(qtbot, lambda: ask(url, messages))
+    assert guess.usage.prompt_tokens > 20
+    assert guess.usage.prompt_tokens_details.cached_tokens == 0
+    again = in_thread(qtbot, lambda: ask(url, messages))  # its own request: its own state
+    assert again.usage.prompt_tokens_details.cached_tokens > 0
+
+
 def test_the_window_goes_first_and_both_replies_are_kept(
     qtbot: QtBot, window: MainWindow
 ) -> None:

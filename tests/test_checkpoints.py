@@ -21,11 +21,13 @@ import pytest
 
 from engine.checkpoints import Checkpoint, CheckpointStore, Identity, file_head, plan_saves
 from engine.formats.strict_json import dumps_strict
+from engine.generator import Generator
 from engine.llama import SamplingParams
 from engine.model import MemoryKind
 from engine.runtime import Runtime, Source
 from engine.schedule import decode_schedule
 from engine.session import GenerationOptions, Session
+from engine.tree import Role, Tree
 from tests.conftest import ALL_KINDS, RuntimeFactory
 from tests.helpers import fresh_logits, random_tokens
 
@@ -223,6 +225,70 @@ def test_the_live_cache_wins_a_tie_and_a_deeper_checkpoint_beats_it(
     assert report.source is Source.CHECKPOINT and report.reused_tokens == 200
 
 
+def test_a_checkpoint_or_live_cache_of_another_scope_is_never_reused(
+    tiny_models: dict[str, Path], make_runtime: RuntimeFactory
+) -> None:
+    """The runtime's own guard, under the store's: state prepared for one scope is never the
+    start of another's prompt, so what a request reuses tells nothing of other scopes."""
+    runtime = make_runtime(tiny_models["dense"], n_ctx=1024, n_batch=64)
+    stream = random_tokens(300)
+    (window,) = _capture_at(runtime, stream, 200)  # prepared for the window's scope
+    assert window.scope == ""
+    runtime.clear()
+    saved: list[Checkpoint] = []
+    report = runtime.prepare(stream[:260], marks=[200], checkpoints=[window], save_at=[200],
+                             on_checkpoint=saved.append, scope="api:b")
+    assert report.source is Source.NONE and report.failed_checkpoints == ()
+    assert runtime.live_scope == "api:b"
+    assert [c.scope for c in saved] == ["api:b"]  # made from state prepared for api:b
+    # The live cache holds api:b's 260 tokens: the window cannot reuse them; api:b can.
+    report = runtime.prepare(stream[:290], marks=[200, 260])
+    assert report.source is Source.NONE and report.reused_tokens == 0
+    runtime.prepare(stream[:260], marks=[200], scope="api:b")
+    report = runtime.prepare(stream[:290], marks=[200, 260], checkpoints=[window],
+                             scope="api:b")
+    assert report.source is Source.LIVE and report.reused_tokens == 260
+    _assert_same_as_full_decode(runtime, stream[:290], [200, 260])
+
+
+@pytest.mark.parametrize("kind", [MemoryKind.DENSE, MemoryKind.RECURRENT],
+                         ids=lambda k: k.value)
+def test_a_generator_reuses_state_only_within_the_requests_scope(
+    kind: MemoryKind, tiny_models: dict[str, Path], make_runtime: RuntimeFactory
+) -> None:
+    """Issue 24's cache oracle at the engine: client a's private note left in the cache and
+    the store; client b sending the same text reuses nothing of it (so `cached_tokens` and
+    the time tell b nothing), and each scope still reuses its own state."""
+    runtime = make_runtime(tiny_models[kind.value], n_ctx=1024, n_batch=16)
+    store = CheckpointStore(runtime.identity())
+    generator = Generator(runtime, sampling=GREEDY, checkpoints=store)
+    tree = Tree("Keep my notes.")
+    note = tree.add_child(tree.root.id, Role.USER, "Private: the vault code is 4417.")
+    path = tree.path_to(note.id)
+
+    def answer(scope: str) -> tuple[int, str]:
+        prepared = generator.prepare(path, scope=scope)
+        return (prepared.report.reused_tokens,
+                generator.generate(max_tokens=8, seed=3).text)
+
+    first, text = answer("api:a")
+    assert first == 0 and {c.scope for c in store.all()} == {"api:a"}
+    assert answer("api:b") == (0, text)  # a's live cache and checkpoints are not b's
+    again, same = answer("api:b")
+    assert again > 0 and same == text  # b's own state serves b
+    if kind is MemoryKind.RECURRENT:  # a's node-end checkpoints, with b's state live
+        assert answer("api:a")[0] > 0
+    # A warm-up prepares for its own scope: a's exact prefix in the context is not b's.
+    assert generator.warm(path, scope="api:a") is not None
+    assert generator.warm(path, scope="api:a") is None
+    assert generator.warm(path, scope="api:b") is not None
+    # The reply never depends on the cache: the same words from a context that saw nothing.
+    cold = Generator(make_runtime(tiny_models[kind.value], n_ctx=1024, n_batch=16),
+                     sampling=GREEDY, use_cache=False)
+    cold.prepare(path)
+    assert cold.generate(max_tokens=8, seed=3).text == text
+
+
 def test_the_smollm2_restore_is_bit_identical(
     smollm2_path: Path, make_runtime: RuntimeFactory
 ) -> None:
@@ -285,6 +351,37 @@ def test_deleting_nodes_frees_their_checkpoints(tmp_path: Path) -> None:
     assert store.drop_nodes([1, 7]) == 1
     assert [c.node_id for c in store.all()] == [2]
     assert len(list(tmp_path.rglob("*.ckpt"))) == 1
+
+
+def test_a_store_offers_each_scope_only_its_own_checkpoints() -> None:
+    """Scopes (one per API `user`, "" the window) share nothing: the same state made for two
+    scopes is kept twice, and a search never finds another scope's."""
+    store = CheckpointStore(_identity())
+    tokens = [5, 6, 7, 8]
+    for scope in ("", "api:a", "api:b", "api:a"):
+        store.add(Checkpoint(tokens=tuple(tokens[:3]), blob=b"s", bounds=(3,), scope=scope))
+    assert sorted(c.scope for c in store.all()) == ["", "api:a", "api:b"]
+    schedule = decode_schedule(4, n_batch=64, marks=[3])
+    for scope in ("", "api:a", "api:b"):
+        assert [c.scope for c in store.candidates(tokens, schedule, scope=scope)] == [scope]
+    assert store.candidates(tokens, schedule, scope="api:c") == []
+
+
+def test_the_disk_tier_keeps_a_checkpoints_scope_and_an_old_file_is_the_windows(
+    tmp_path: Path,
+) -> None:
+    (path,) = spill(tmp_path, [Checkpoint(tokens=(1, 2, 3), blob=_blob(1), bounds=(3,),
+                                          scope="api:a")])
+    (kept,) = tier_store(tmp_path).all()
+    assert kept.scope == "api:a"
+    # A file written before scopes (no such field, signed): the window's.
+    _, header, blob = split(path.read_bytes())
+    forge(path, _edit(scope=...)(json.loads(header)), blob)
+    store = tier_store(tmp_path)
+    (old,) = store.all()
+    assert old.scope == "" and store.stats().rejected == 0
+    fetched = store.fetch(old)
+    assert fetched is not None and fetched.blob == _blob(1)
 
 
 def test_identity_changes_with_every_setting_that_shapes_the_state() -> None:
@@ -445,6 +542,8 @@ HEADER_DAMAGE: dict[str, Callable[[dict[str, Any]], bytes]] = {
     "token negative": _edit(tokens=[1, -2, 3]),
     "bounds wrong": _edit(bounds=[2]),
     "identity missing": _edit(identity=...),
+    "scope not text": _edit(scope=5),
+    "scope too long": _edit(scope="x" * 10_000),
     "not an object": lambda header: b"[1, 2, 3]",
     "deep nesting": lambda header: b"[" * 100_000 + b"]" * 100_000,
     "duplicate key": _raw("flags", b'0,"flags":0'),

@@ -45,16 +45,17 @@ class OwnEngine:
         return self.settings.seed
 
     def reply(self, path: Sequence[Node], *, max_tokens: int, seed: int, on_piece: PieceFn,
-              cancel: CancelFn, sampling: SamplingParams) -> ReplyResult:
+              cancel: CancelFn, sampling: SamplingParams, scope: str) -> ReplyResult:
         assert self._replier is not None
         return self._replier.reply(path, resume=None, max_tokens=max_tokens, seed=seed,
-                                   on_piece=on_piece, cancel=cancel, sampling=sampling)
+                                   on_piece=on_piece, cancel=cancel, sampling=sampling,
+                                   scope=scope)
 
-    def warm_while(self, path: Sequence[Node], idle: Callable[[], bool]
+    def warm_while(self, path: Sequence[Node], idle: Callable[[], bool], scope: str
                    ) -> ReplyReport | None:
         if self._replier is None:
             return None
-        return self._replier.warm_while(path, idle)
+        return self._replier.warm_while(path, idle, scope=scope)
 
     def recover(self) -> None:
         """A new engine process with the same model (if it loads); none once closed (the

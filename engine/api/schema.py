@@ -2,12 +2,15 @@
 
 Only what Arbor does is accepted: a request asking for something it would silently ignore in
 a way that changes the answer (`n` > 1, tools, images) is refused with a 400 that says so.
-Fields that change nothing about the text (`user`, `metadata`, `store`...) are ignored, as
-OpenAI's own server does with unknown keys.
+Fields that change nothing about the text (`metadata`, `store`...) are ignored, as OpenAI's
+own server does with unknown keys. `user` names the client's cache scope: requests share
+conversation trees and cached state only with requests of the same `user` (absent is one
+scope of its own), never with the window's.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 import time
 import uuid
@@ -23,6 +26,8 @@ MAX_MESSAGES = 10_000
 MAX_STOP = 4  # OpenAI's own limit on stop sequences
 MAX_STOP_CHARS = 200
 MAX_TOKENS_LIMIT = 1 << 20
+MAX_USER_CHARS = 1024
+API_SCOPE = "api:"  # + the sha256 of `user`: never "", the window's scope
 _ROLES = {"system": Role.SYSTEM, "developer": Role.SYSTEM, "user": Role.USER,
           "assistant": Role.ASSISTANT}
 
@@ -69,6 +74,14 @@ class ChatRequest:
     top_p: float | None = None
     seed: int | None = None
     stop: tuple[str, ...] = ()
+    user: str = ""  # OpenAI's end-user identifier: the cache scope ("" when not sent)
+
+    @property
+    def scope(self) -> str:
+        """The cache scope of this request (engine.checkpoints): one per `user`, none of
+        them the window's."""
+        return API_SCOPE + hashlib.sha256(self.user.encode("utf-8", "surrogatepass")
+                                          ).hexdigest()
 
 
 def parse_body(body: bytes) -> dict[str, Any]:
@@ -114,10 +127,15 @@ def parse_chat(raw: dict[str, Any]) -> ChatRequest:
     seed = raw.get("seed")
     if seed is not None:
         seed = _int(seed, "seed") & 0x7FFFFFFF
+    user = raw.get("user")
+    if user is None:
+        user = ""
+    elif not isinstance(user, str) or len(user) > MAX_USER_CHARS:
+        raise bad(f"'user' must be a string of at most {MAX_USER_CHARS} characters", "user")
     return ChatRequest(model=model, system=system, messages=messages, stream=stream,
                        include_usage=include_usage, max_tokens=max_tokens,
                        temperature=temperature, top_p=top_p, seed=seed,
-                       stop=_stop(raw.get("stop")))
+                       stop=_stop(raw.get("stop")), user=user)
 
 
 def _messages(raw: object) -> tuple[str, tuple[Message, ...]]:

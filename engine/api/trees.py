@@ -1,8 +1,10 @@
 """How API requests become paths in conversation trees.
 
-A client sends the whole message list every time. Arbor keeps one tree per (model, system
-prompt, first user message): the request is walked down that tree node by node, matching each
-message by role and exact text, and whatever does not match is added as a new branch. So:
+A client sends the whole message list every time. Arbor keeps one tree per (cache scope,
+model, system prompt, first user message), so clients of different scopes (`user` values)
+never share a tree or its nodes' tokens: the request is walked down that tree node by node,
+matching each message by role and exact text, and whatever does not match is added as a new
+branch. So:
 
 - the next turn extends the branch (its messages all match, one user message is new);
 - a repeated request (a "swipe", a regenerate) matches every message and gets a new reply
@@ -38,10 +40,10 @@ log = logging.getLogger(__name__)
 TITLE_CHARS = 60
 
 
-def tree_key(model: str, system: str, first: str) -> str:
+def tree_key(model: str, system: str, first: str, scope: str) -> str:
     """The name under which a request's tree is kept (in the conversation's settings)."""
     digest = hashlib.sha256()
-    for part in (model, system, first):
+    for part in (scope, model, system, first):
         digest.update(part.encode("utf-8", "surrogatepass"))
         digest.update(b"\0")
     return digest.hexdigest()
@@ -87,7 +89,7 @@ class ApiTrees:
         self._open: dict[str, ApiTree] = {}
 
     def begin(self, request: ChatRequest, model: str, base_seed: int | None) -> Begun:
-        held = self._tree(model, request.system, request.messages[0].text)
+        held = self._tree(model, request.system, request.messages[0].text, request.scope)
         conversation = held.conversation
         tree = conversation.tree
         added: list[Node] = []
@@ -150,8 +152,8 @@ class ApiTrees:
             self.store.save(held.id, held.conversation.tree, nodes, deleted=deleted)
         self._saved(held.id)
 
-    def _tree(self, model: str, system: str, first: str) -> ApiTree:
-        key = tree_key(model, system, first)
+    def _tree(self, model: str, system: str, first: str, scope: str) -> ApiTree:
+        key = tree_key(model, system, first, scope)
         held = self._open.get(key)
         if held is not None and (held.id is None or self.store.exists(held.id)):
             if held.id is not None and (shared := self._opened(held.id)) is not None:

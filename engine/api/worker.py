@@ -103,9 +103,11 @@ class EngineSide(Protocol):
     def base_seed(self) -> int | None: ...
 
     def reply(self, path: Sequence[Node], *, max_tokens: int, seed: int, on_piece: PieceFn,
-              cancel: CancelFn, sampling: SamplingParams) -> ReplyResult: ...
+              cancel: CancelFn, sampling: SamplingParams, scope: str) -> ReplyResult:
+        """`scope`: the request's cache scope (ChatRequest.scope): the engine reuses only
+        that scope's state, so what it reports as cached is the client's own."""
 
-    def warm_while(self, path: Sequence[Node], idle: Callable[[], bool]
+    def warm_while(self, path: Sequence[Node], idle: Callable[[], bool], scope: str
                    ) -> ReplyReport | None: ...
 
     def recover(self) -> None:
@@ -133,6 +135,7 @@ class ApiWorker:
         self._current: Job | None = None  # the job being answered
         self._stopping = False
         self._ended = False  # the end marker is queued
+        self._warm_scope = ""  # the cache scope of the request that path answered
         self.stats = ApiStats()  # replaced whole, so any thread reads a consistent one
 
     # --- any thread --------------------------------------------------------------------------
@@ -266,7 +269,7 @@ class ApiWorker:
         try:
             result = engine.reply(
                 begun.path, max_tokens=request.max_tokens or loaded.n_ctx, seed=begun.seed,
-                on_piece=on_piece, sampling=sampling,
+                on_piece=on_piece, sampling=sampling, scope=request.scope,
                 cancel=lambda: job.cancelled.is_set() or stops.hit)
         except ArborError as exc:
             trees.take_back(begun)
@@ -284,6 +287,7 @@ class ApiWorker:
             self._warm_path = trees.finish(begun, result, stops.text if stops.hit else None)
         except ArborError as exc:  # taken back: the tree is as it was before the request
             raise _not_saved(exc) from None
+        self._warm_scope = request.scope
         report = result.report
         self.stats = replace(self.stats, requests=self.stats.requests + 1,
                              prompt_tokens=self.stats.prompt_tokens + report.prompt_tokens,
@@ -305,7 +309,7 @@ class ApiWorker:
             return
         self.stats = replace(self.stats, warming=True)
         try:
-            report = self.engine.warm_while(path, self._queue.empty)
+            report = self.engine.warm_while(path, self._queue.empty, self._warm_scope)
         except ArborError as exc:  # only an optimisation; a dead engine is restarted
             log.warning("warm-up failed: %s", exc)
             if isinstance(exc, EngineCrashed):
