@@ -45,8 +45,10 @@ class EngineClient(QObject):
     def send(self, request: Request) -> None:
         raise NotImplementedError
 
-    def stop(self) -> None:
-        """Stop the reply in progress (within a chunk or a token)."""
+    def stop(self, request_id: int | None = None) -> None:
+        """Stop the reply of `request_id`, running or queued (within a chunk or a token),
+        and no other: the window and the local API each stop their own. None: whatever
+        runs."""
         raise NotImplementedError
 
     def preempt(self) -> None:
@@ -141,9 +143,9 @@ class ProcessEngine(EngineClient):
             process.preempt()
         process.send(request)
 
-    def stop(self) -> None:
+    def stop(self, request_id: int | None = None) -> None:
         if self._process is not None:
-            self._process.stop()
+            self._process.stop(request_id)
 
     def preempt(self) -> None:
         if self._process is not None:

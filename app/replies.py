@@ -200,8 +200,9 @@ class Replies(QObject):
         controller.changed.emit()
 
     def stop(self) -> None:
+        """Stop the window's reply, and only it (never a reply of the local API's)."""
         if self.streaming is not None:
-            self.engine.stop()
+            self.engine.stop(self.streaming.request_id)
 
     def defer_edit(self, conversation_id: int, node_id: int, text: str) -> None:
         """An edit submitted while a reply streams: the reply stops, then the edit runs."""
