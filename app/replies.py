@@ -94,6 +94,7 @@ class Replies(QObject):
     model_changed = Signal()  # `model` or `usage` changed: the status bar
     template_changed = Signal(str)
     # The reply in progress.
+    claiming = Signal()  # a reply of the window's is about to be sent: the local API yields
     streaming_changed = Signal()
     preparing = Signal(int, int, str)  # tokens decoded, tokens to decode, what is reused
     answering_rate = Signal(float)  # tokens per second while the reply streams
@@ -197,6 +198,7 @@ class Replies(QObject):
         self._plan = None
         self._warm_timer.stop()
         self._warmed_path = None
+        self.claiming.emit()  # at once: an API reply's stop goes out before this request
         self.engine.send(GenerateRequest(
             request_id=request_id,
             conversation_id=conversation_id,
