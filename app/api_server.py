@@ -8,9 +8,15 @@ trees and the window's own engine.
   thread and waits; the GUI thread never waits on the worker.
 - Engine: API replies go to the window's engine process with request ids of their own; their
   events are handed to the worker on the engine client's reader thread (`ProcessEngine.tap`).
-  The window goes first: an API reply starts only while the window has none running (one
-  already running finishes first). The window warms its own branches; API replies are not
-  warmed here.
+  The window goes first: an API reply starts only while the window has none running, and
+  a reply the window starts while an API reply runs stops that one (`Replies.claiming`):
+  its client gets a 503 "the app's user needs the model", or, once its stream has begun,
+  the stream ends with that error; the request's messages are taken back from its tree, as
+  for any request that got no reply. Each side stops only its own reply: a client that goes
+  away never stops the window's, the user's Esc never the API's. An engine that dies under
+  an API request, or before it is sent, answers it 503; the window restarts the engine and
+  the API serves again once the model is loaded. The window warms its own branches; API
+  replies are not warmed here.
 """
 
 from __future__ import annotations
@@ -32,9 +38,9 @@ from app.controller import ChatController
 from app.engine_client import ProcessEngine
 from engine.api.schema import ApiError, ChatRequest
 from engine.api.trees import ApiTrees
-from engine.api.worker import ApiWorker, Begun
+from engine.api.worker import ApiWorker, Begun, Preempted
 from engine.errors import ArborError, Cancelled, ContextOverflowError
-from engine.params import SamplingParams
+from engine.params import FinishReason, SamplingParams
 from engine.protocol import (
     EngineDied,
     Event,
@@ -56,6 +62,8 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 POLL_S = 0.05
 API_REQUEST_IDS = 1 << 40  # the window's own request ids count up from 1
+PREEMPTED = ("the app's user needs the model: this reply was stopped for theirs; try again "
+             "once it is done")
 
 
 class _OnGui(QObject):
@@ -130,6 +138,20 @@ class WindowEngine:
         self._engine = engine
         self._closing = closing
         self._ids = itertools.count(API_REQUEST_IDS)
+        # The API's reply in flight, if any, and whether the window took the engine from it.
+        self._lock = threading.Lock()
+        self._running: int | None = None
+        self._preempted = False
+
+    def yield_to_window(self) -> None:
+        """On the GUI thread, just before the window sends a reply: an API reply in flight
+        stops (within a token), so the window's does not wait for it."""
+        with self._lock:
+            if self._running is None:
+                return
+            self._preempted = True
+            request_id = self._running
+        self._engine.stop(request_id)
 
     def loaded(self) -> ModelLoaded | None:
         return self._replies.model
@@ -152,18 +174,23 @@ class WindowEngine:
               cancel: CancelFn, sampling: SamplingParams, scope: str) -> ReplyResult:
         request_id = next(self._ids)
         events: queue.Queue[Event] = queue.Queue()
-        self._engine.tap(request_id, events.put)
+        with self._lock:
+            self._running, self._preempted = request_id, False
+        self._engine.tap(request_id, events.put)  # a dead engine's death comes at once
+        sent = ended = False
         try:
+            if self._replies.model is None:  # died and restarted since `loaded`: reloading
+                raise EngineCrashed("the engine process ended")
             self._engine.send(GenerateRequest(
                 request_id, -1, -1, tuple(NodeView.of(node) for node in path), None,
                 max_tokens, seed, sampling, scope=scope))  # never the window's scope
+            sent = True
             stopped = False
             while True:
                 if self._closing.is_set():  # the window is closing or the API going off
-                    self._engine.stop()
                     raise Cancelled()
                 if not stopped and cancel():
-                    self._engine.stop()  # ours is the reply running: the window's waits
+                    self._engine.stop(request_id)  # ours alone: never the window's
                     stopped = True
                 try:
                     event = events.get(timeout=POLL_S)
@@ -173,10 +200,15 @@ class WindowEngine:
                     case Piece():
                         on_piece(event.text)
                     case ReplyDone():
+                        ended = True
+                        if (self._preempted
+                                and event.result.report.finish is FinishReason.CANCELLED):
+                            raise Preempted(PREEMPTED)  # stopped after its first words
                         return event.result
                     case Failed():
+                        ended = True
                         if not event.message:
-                            raise Cancelled()
+                            raise Preempted(PREEMPTED) if self._preempted else Cancelled()
                         if event.overflow is not None:
                             raise ContextOverflowError(*event.overflow)
                         raise ArborError(event.message)
@@ -185,6 +217,10 @@ class WindowEngine:
                     case _:
                         pass
         finally:
+            if sent and not ended:  # closing, or the engine died: never leave it running
+                self._engine.stop(request_id)
+            with self._lock:
+                self._running = None
             self._engine.tap(request_id, None)
 
     def warm_while(self, path: Sequence[Node], idle: Callable[[], bool], scope: str
@@ -215,6 +251,7 @@ class AppApi(QObject):
         self._closing = threading.Event()
         self._worker: ApiWorker | None = None
         self._server: Server | None = None
+        self._engine: WindowEngine | None = None
 
     def apply(self, settings: Settings) -> None:
         """Start, stop or restart the server to match the settings."""
@@ -237,8 +274,8 @@ class AppApi(QObject):
         self._closing = threading.Event()
         on_gui = _OnGui(self._closing)
         on_gui.setParent(self)
-        worker = ApiWorker(lambda: WindowTrees(self.controller, on_gui),
-                           WindowEngine(self.controller, engine, self._closing))
+        window_engine = WindowEngine(self.controller, engine, self._closing)
+        worker = ApiWorker(lambda: WindowTrees(self.controller, on_gui), window_engine)
         worker.start()
         try:
             server = Server(worker, self._model_id, ServerOptions(
@@ -250,10 +287,15 @@ class AppApi(QObject):
             return
         server.start()
         self._worker, self._server = worker, server
+        self._engine = window_engine
+        self.controller.replies.claiming.connect(window_engine.yield_to_window)
         self.url, self.problem = server.url, None
 
     def stop(self) -> None:
         self._closing.set()
+        window_engine, self._engine = self._engine, None
+        if window_engine is not None:
+            self.controller.replies.claiming.disconnect(window_engine.yield_to_window)
         server, self._server = self._server, None
         if server is not None:
             server.stop()

@@ -45,8 +45,10 @@ class EngineClient(QObject):
     def send(self, request: Request) -> None:
         raise NotImplementedError
 
-    def stop(self) -> None:
-        """Stop the reply in progress (within a chunk or a token)."""
+    def stop(self, request_id: int | None = None) -> None:
+        """Stop the reply of `request_id`, running or queued (within a chunk or a token),
+        and no other: the window and the local API each stop their own. None: whatever
+        runs."""
         raise NotImplementedError
 
     def preempt(self) -> None:
@@ -82,6 +84,11 @@ class ProcessEngine(EngineClient):
         # Requests whose events go elsewhere than the window (the local API's), by id; their
         # events are handed over on the reader thread and never reach `received`.
         self._taps: dict[int, Callable[[Event], None]] = {}
+        # The current process's death once the reader has handed it to the taps: a tap
+        # made later gets it at once (its request would go to a dead process). The lock
+        # makes "handed to the taps" and "a tap made" one order.
+        self._died: EngineDied | None = None
+        self._taps_lock = threading.Lock()
         self.restart()
 
     @property
@@ -96,7 +103,8 @@ class ProcessEngine(EngineClient):
         # The count goes on: a warm-up sent before the crash stays stale.
         process = EngineProcess(epoch=self._process.epoch() if self._process else 0,
                                 log_file=self._log_file)
-        self._process = process
+        with self._taps_lock:
+            self._process, self._died = process, None
         threading.Thread(target=self._pump, args=(process,), name="arbor-engine-events",
                          daemon=True).start()
 
@@ -105,7 +113,11 @@ class ProcessEngine(EngineClient):
         while True:
             event = process.recv()
             if isinstance(event, EngineDied):
-                for tap in list(self._taps.values()):
+                with self._taps_lock:
+                    if process is self._process:
+                        self._died = event
+                    taps = list(self._taps.values())
+                for tap in taps:
                     tap(event)
                 if not process.closing:
                     log.error("the engine process ended: %s", event.describe())
@@ -127,11 +139,17 @@ class ProcessEngine(EngineClient):
 
     def tap(self, request_id: int, receive: Callable[[Event], None] | None) -> None:
         """Hand the events of `request_id` to `receive` (on the reader thread), not to the
-        window; None ends it. An engine death reaches every tap."""
-        if receive is None:
-            self._taps.pop(request_id, None)
-        else:
+        window; None ends it. An engine death reaches every tap, and a tap made after the
+        engine died (before the window restarted it) gets that death at once, on the calling
+        thread."""
+        with self._taps_lock:
+            if receive is None:
+                self._taps.pop(request_id, None)
+                return
             self._taps[request_id] = receive
+            died = self._died
+        if died is not None:
+            receive(died)
 
     def send(self, request: Request | Crash) -> None:
         process = self._process
@@ -141,9 +159,9 @@ class ProcessEngine(EngineClient):
             process.preempt()
         process.send(request)
 
-    def stop(self) -> None:
+    def stop(self, request_id: int | None = None) -> None:
         if self._process is not None:
-            self._process.stop()
+            self._process.stop(request_id)
 
     def preempt(self) -> None:
         if self._process is not None:

@@ -69,7 +69,7 @@ class ThreadEngine(EngineClient):
         if isinstance(request, PREEMPTING):
             self.control.preempt()
         if isinstance(request, GenerateRequest):
-            self.control.clear_stop()  # a stop sent before this was for an earlier reply
+            self.control.clear_stop()  # a stop for no reply in particular was for an earlier one
         self._submit.emit(request)
 
     def preempt(self) -> None:
@@ -78,8 +78,8 @@ class ThreadEngine(EngineClient):
     def epoch(self) -> int:
         return self.control.epoch()
 
-    def stop(self) -> None:
-        self.control.stop()
+    def stop(self, request_id: int | None = None) -> None:
+        self.control.stop(request_id)
 
     def restart(self) -> None:
         raise RuntimeError("an engine thread does not die: it takes the process with it")

@@ -14,6 +14,7 @@ from PySide6.QtWidgets import QFileDialog, QMessageBox, QWidget
 
 from app.controller import ChatController
 from app.importer import ImportedFile, Importer, RejectedFile
+from app.replies import EXPORT_LOST
 from app.status import StatusArea
 from engine.protocol import AdoptCheckpoints, ExportDone, ExportRequest
 from engine.transfer import FileFormat, export_file
@@ -116,7 +117,9 @@ class FileActions(QObject):
     @Slot(object)
     def _on_exported(self, done: ExportDone) -> None:
         name = Path(done.path).name
-        if done.error is not None:
+        if done.error == EXPORT_LOST:  # the engine's death, told in its own message
+            self.status.message(f"{name} was not exported: {done.error}.", 6000)
+        elif done.error is not None:
             QMessageBox.warning(self.window, "Arbor", f"{name} was not exported: {done.error}")
         else:
             self.status.message(

@@ -9,10 +9,12 @@ Results of a stopped or superseded request are dropped by request id.
 
 from __future__ import annotations
 
+import glob
 import itertools
 import logging
 import time
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QObject, QTimer, Signal, Slot
@@ -25,6 +27,7 @@ from engine.protocol import (
     EngineDied,
     EngineStarted,
     ExportDone,
+    ExportRequest,
     Failed,
     GenerateRequest,
     LoadFailed,
@@ -53,6 +56,10 @@ log = logging.getLogger(__name__)
 
 # Quiet time after the user's last move before the engine warms the likely next prompt.
 WARM_DELAY_MS = 250
+# Why a session file the engine was writing when it died was not exported (the engine-death
+# message already says so: no dialog of its own).
+EXPORT_LOST = "the engine stopped while writing it"
+_NO_ENGINE = "the engine is not running; open a model (Ctrl+M) and export it again"
 # Engine deaths in a row (none of them followed by a model that loaded) before Arbor stops
 # restarting it: a crash loop ends with a message, never a spinning window.
 MAX_RESTARTS = 3
@@ -88,6 +95,7 @@ class Replies(QObject):
     model_changed = Signal()  # `model` or `usage` changed: the status bar
     template_changed = Signal(str)
     # The reply in progress.
+    claiming = Signal()  # a reply of the window's is about to be sent: the local API yields
     streaming_changed = Signal()
     preparing = Signal(int, int, str)  # tokens decoded, tokens to decode, what is reused
     answering_rate = Signal(float)  # tokens per second while the reply streams
@@ -119,6 +127,7 @@ class Replies(QObject):
         self.last_result: ReplyResult | None = None  # as the engine sent it (global ids)
         self.editing: int | None = None  # the message being edited in place, if any
         self._pending_edit: PendingEdit | None = None  # submitted during a reply
+        self._exports: list[str] = []  # session files the engine is writing (their paths)
         self._request_ids = itertools.count(1)
         self._sink: StoreSink | None = None
         self._plan: Plan | None = None
@@ -131,6 +140,11 @@ class Replies(QObject):
     # --- requests ----------------------------------------------------------------------------
 
     def send(self, request: Request) -> None:
+        if isinstance(request, ExportRequest):
+            if not self.engine.running:  # given up after a crash loop: nothing would answer
+                self.exported.emit(ExportDone(request.path, 0, _NO_ENGINE))
+                return
+            self._exports.append(request.path)
         self.engine.send(request)
 
     def load(self, path: str) -> None:
@@ -186,6 +200,7 @@ class Replies(QObject):
         self._plan = None
         self._warm_timer.stop()
         self._warmed_path = None
+        self.claiming.emit()  # at once: an API reply's stop goes out before this request
         self.engine.send(GenerateRequest(
             request_id=request_id,
             conversation_id=conversation_id,
@@ -202,8 +217,9 @@ class Replies(QObject):
         controller.changed.emit()
 
     def stop(self) -> None:
+        """Stop the window's reply, and only it (never a reply of the local API's)."""
         if self.streaming is not None:
-            self.engine.stop()
+            self.engine.stop(self.streaming.request_id)
 
     def defer_edit(self, conversation_id: int, node_id: int, text: str) -> None:
         """An edit submitted while a reply streams: the reply stops, then the edit runs."""
@@ -251,6 +267,8 @@ class Replies(QObject):
             case TemplateChanged():
                 self._on_template_changed(event.description)
             case ExportDone():
+                if event.path in self._exports:
+                    self._exports.remove(event.path)
                 self.exported.emit(event)
 
     def _on_engine_died(self, died: EngineDied) -> None:
@@ -260,6 +278,7 @@ class Replies(QObject):
         answered once the model is back; if it is not coming back, the edit is saved
         unanswered. A question whose prompt crashed llama.cpp's fast kernels is answered
         again once the model is back without them."""
+        lost = self._exports_lost()
         streaming = self.streaming
         pending, self._pending_edit = self._pending_edit, None
         if pending is None and streaming is not None and streaming.pieces == 0 and (
@@ -280,6 +299,9 @@ class Replies(QObject):
                      "the reload leaves out any that does not answer and names it.")
         saved = " The reply so far is saved; Continue (Ctrl+Shift+Return) goes on with it." \
             if streaming is not None and streaming.pieces else ""
+        if lost:
+            saved += f" {', '.join(lost)} {'was' if len(lost) == 1 else 'were'} not exported; " \
+                     "export again once the model is loaded."
         if self._deaths >= MAX_RESTARTS or self._model_path is None:
             self.engine.shutdown()
             if pending is not None:
@@ -295,6 +317,19 @@ class Replies(QObject):
         self.engine.restart()
         self.load(self._model_path)
         self.engine_lost.emit(what + saved + " Loading the model again…")
+
+    def _exports_lost(self) -> list[str]:
+        """Session files the dead engine was writing, by name (the engine-death message
+        names them): each ends as not exported (`exported`, with EXPORT_LOST), and what it
+        had written is removed (an atomic write leaves its temporary file behind when its
+        process is killed; the file itself is the old one or none)."""
+        lost, self._exports = self._exports, []
+        for path in lost:
+            target = Path(path)
+            for partial in target.parent.glob(f".{glob.escape(target.name)}.*.tmp"):
+                partial.unlink(missing_ok=True)
+            self.exported.emit(ExportDone(path, 0, EXPORT_LOST))
+        return [Path(path).name for path in lost]
 
     def _mine(self, request_id: int) -> Streaming | None:
         """The reply in progress if an event belongs to it; a late event of a stopped or

@@ -132,8 +132,9 @@ class EngineProcess:
         for blob in blobs:
             self._conn.send_bytes(blob)
 
-    def stop(self) -> None:
-        self.send_control(Stop())
+    def stop(self, request_id: int | None = None) -> None:
+        """Stop the reply of `request_id` (running or queued), or (None) whatever runs."""
+        self.send_control(Stop(request_id))
 
     def preempt(self) -> int:
         """A real request follows: warm-ups in flight become stale. Returns the new epoch."""
@@ -325,7 +326,7 @@ def _read(conn: Connection, control: ThreadControl,
             os._exit(EXIT_UNREADABLE)  # its front end sees the death and starts another
         match message:
             case Stop():
-                control.stop()
+                control.stop(message.request_id)
             case Preempt():
                 control.set_epoch(message.epoch)
             case Shutdown():  # what runs stops, what is queued is dropped
@@ -339,7 +340,8 @@ def _read(conn: Connection, control: ThreadControl,
                     os.kill(os.getpid(), signal.SIGKILL)
                 os.abort()
             case GenerateRequest():
-                control.clear_stop()  # in order: a Stop that follows is for this reply
+                control.clear_stop()  # in order: a Stop for no reply in particular that
+                # follows is for this one
                 requests.put(message)
             case _:
                 requests.put(message)

@@ -9,7 +9,7 @@ A request's `scope` says whose it is ("" the window's; the API gives each `user`
 engine reuses cached state only within a scope (engine.checkpoints).
 
 Stop and pre-emption do not queue behind a running request: they go through the `Control`
-the service was built with (a flag and a counter the engine checks between chunks, inside a
+the service was built with (flags and a counter the engine checks between chunks, inside a
 chunk and between tokens).
 """
 
@@ -128,7 +128,11 @@ Request = (LoadRequest | ConfigureRequest | WarmRequest | GenerateRequest | Expo
 
 @dataclass(frozen=True)
 class Stop:
-    """Stop the reply in progress (within a chunk or a token)."""
+    """Stop a reply (within a chunk or a token): the one of `request_id`, running or still
+    queued, or with None whatever runs. Two front ends share the app's engine (the window
+    and its local API): each stops its own reply only."""
+
+    request_id: int | None = None
 
 
 @dataclass(frozen=True)

@@ -66,12 +66,15 @@ Emit = Callable[[Event], None]
 class Control(Protocol):
     """What the front end can do to a request while it runs (thread- or process-safe)."""
 
-    def stop(self) -> None: ...
-    def stop_requested(self) -> bool: ...
+    def stop(self, request_id: int | None = None) -> None:
+        """Stop the reply of `request_id` (running or queued), or (None) whatever runs."""
+    def stop_requested(self, request_id: int | None = None) -> bool: ...
     def clear_stop(self) -> None:
-        """A new reply is queued: a stop sent before it was for an earlier one. Called in
-        the order of the messages (never when the reply starts, which may be later than a
-        stop sent for it)."""
+        """A new reply is queued: a stop for no reply in particular, sent before it, was for
+        an earlier one. Called in the order of the messages (never when the reply starts,
+        which may be later than a stop sent for it)."""
+    def finished(self, request_id: int) -> None:
+        """The reply of `request_id` ended: a stop kept for it is no longer needed."""
     def preempt(self) -> int:
         """A real request follows: warm-ups in flight or queued become stale. Returns the
         new epoch."""
@@ -83,17 +86,28 @@ class ThreadControl:
 
     def __init__(self) -> None:
         self._stop = threading.Event()
+        # Replies stopped by id: kept until the reply ends (a stop may come before its reply
+        # has started), never cleared by another reply queued after the stop.
+        self._stopped: set[int] = set()
         self._epoch = 0
         self._lock = threading.Lock()
 
-    def stop(self) -> None:
-        self._stop.set()
+    def stop(self, request_id: int | None = None) -> None:
+        if request_id is None:
+            self._stop.set()
+        else:
+            with self._lock:
+                self._stopped.add(request_id)
 
-    def stop_requested(self) -> bool:
-        return self._stop.is_set()
+    def stop_requested(self, request_id: int | None = None) -> bool:
+        return self._stop.is_set() or (request_id is not None and request_id in self._stopped)
 
     def clear_stop(self) -> None:
         self._stop.clear()
+
+    def finished(self, request_id: int) -> None:
+        with self._lock:
+            self._stopped.discard(request_id)
 
     def preempt(self) -> int:
         with self._lock:
@@ -272,6 +286,12 @@ class EngineService:
             self._emit_usage()
 
     def generate(self, request: GenerateRequest) -> None:
+        try:
+            self._generate(request)
+        finally:
+            self.control.finished(request.request_id)
+
+    def _generate(self, request: GenerateRequest) -> None:
         generator = self._generator
         if generator is None:
             self._emit(_failed(request, "no model is loaded"))
@@ -299,8 +319,8 @@ class EngineService:
                 resume=request.resume.to_node() if request.resume is not None else None,
                 max_tokens=request.max_tokens, seed=request.seed, on_plan=on_plan,
                 on_progress=on_progress, on_piece=on_piece, on_opened=on_opened,
-                cancel=self.control.stop_requested, sampling=request.sampling,
-                overflow=request.overflow, scope=request.scope,
+                cancel=lambda: self.control.stop_requested(request.request_id),
+                sampling=request.sampling, overflow=request.overflow, scope=request.scope,
             )
         except Cancelled:
             self._emit(_failed(request, ""))

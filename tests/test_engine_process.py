@@ -20,10 +20,11 @@ from pytestqt.qtbot import QtBot
 import engine.process
 from app.engine_client import ProcessEngine
 from app.main_window import MainWindow
-from app.replies import MAX_RESTARTS
+from app.replies import EXPORT_LOST, MAX_RESTARTS
 from engine.params import Source
-from engine.protocol import Crash, CrashKind, GenerateRequest, Request
+from engine.protocol import Crash, CrashKind, ExportDone, ExportRequest, GenerateRequest, Request
 from engine.reply import ReplyReport
+from engine.transfer import FileFormat
 from engine.tree import NodeStatus, Role
 from tests.app_fixtures import TIMEOUT, process_gone, send, warnings_shown
 
@@ -189,6 +190,40 @@ def test_an_edit_waiting_when_the_engine_is_given_up_is_saved_unanswered(
     assert [n.text for n in stored.messages()] == ["First question, asked better"]
     assert len(shown) == 1 and "Your edit is saved" in shown[0]
     assert window.replies.streaming is None
+
+
+def test_a_session_export_the_engine_dies_under_is_reported_and_leaves_no_partial_file(
+    qtbot: QtBot, window: MainWindow, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    shown = warnings_shown(monkeypatch)
+    send(qtbot, window, "Hello")
+    engine = _engine(window)
+    send_request = engine.send
+    target = tmp_path / "exports" / "session.arbor"
+    target.parent.mkdir()
+    # What a killed engine leaves of the file it was writing: the atomic write's temporary.
+    partial = target.parent / f".{target.name}.k1ll3d.tmp"
+
+    def die_as_the_export_is_sent(request: Request | Crash) -> None:
+        if isinstance(request, ExportRequest):
+            monkeypatch.setattr(engine, "send", send_request)
+            partial.write_bytes(b"PK\x03\x04 half a zip")
+            engine.kill()  # SIGKILL: the engine runs not one more line
+        send_request(request)
+
+    monkeypatch.setattr(engine, "send", die_as_the_export_is_sent)
+    with (qtbot.waitSignal(window.model_ready, timeout=TIMEOUT),
+          qtbot.waitSignal(window.files.export_finished, timeout=TIMEOUT) as finished):
+        window.files.export_current(target, FileFormat.NATIVE)
+    done = finished.args[0]
+    assert isinstance(done, ExportDone) and done.error == EXPORT_LOST
+    assert len(shown) == 1 and "killed" in shown[0]  # one message says it all
+    assert "session.arbor was not exported" in shown[0]
+    assert list(target.parent.iterdir()) == []  # neither the file nor a part of it
+    # The engine is back: the export works.
+    with qtbot.waitSignal(window.files.export_finished, timeout=TIMEOUT) as finished:
+        window.files.export_current(target, FileFormat.NATIVE)
+    assert finished.args[0].error is None and target.exists()
 
 
 def test_llama_cpp_aborting_is_reported_and_the_engine_reloads(

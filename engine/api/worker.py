@@ -91,6 +91,12 @@ class TreeSide(Protocol):
     def close(self) -> None: ...
 
 
+class Preempted(ArborError):
+    """The engine's owner took it back for a reply of its own (the app's user sent a
+    message): this request's reply was stopped. The client gets a 503, or, once its stream
+    has begun, the stream ends with that error."""
+
+
 class EngineSide(Protocol):
     def loaded(self) -> ModelLoaded | None: ...
 
@@ -335,4 +341,6 @@ def _api_error(exc: ArborError) -> ApiError:
         return ApiError(400, str(exc), param="messages", code="context_length_exceeded")
     if isinstance(exc, EngineCrashed):
         return ApiError(503, f"{exc}; the model is being loaded again", type="server_error")
+    if isinstance(exc, Preempted):
+        return ApiError(503, str(exc), type="server_error", code="preempted")
     return ApiError(500, str(exc), type="server_error")
