@@ -29,6 +29,15 @@ def _builder(source: str = CHATML_TEMPLATE, bos: int | None = None) -> PromptBui
     return PromptBuilder(ChatTemplate(source, bos_text="<s>"), _char_tokenizer(bos))
 
 
+def _model_builder(model: LlamaModel) -> PromptBuilder:
+    """The prompt builder of a real model: its own chat template and tokenizer."""
+    template = model.chat_template()
+    assert template is not None
+    return PromptBuilder(
+        ChatTemplate(template, bos_text=model.bos_text, eos_text=model.eos_text),
+        Tokenizer(tokenize=model.tokenize, bos=model.bos))
+
+
 def test_a_path_renders_node_by_node_to_the_whole_template() -> None:
     tree = Tree("Be brief.")
     tree.add_child(tree.active_leaf, Role.USER, "Hi")
@@ -85,12 +94,7 @@ def test_bos_is_put_first_once_when_the_model_wants_it() -> None:
 def test_smollm2_template_without_a_system_prompt_uses_its_default(smollm2_path: Path) -> None:
     model = LlamaModel(smollm2_path)
     try:
-        template = model.chat_template()
-        assert template is not None
-        builder = PromptBuilder(
-            ChatTemplate(template, bos_text=model.bos_text, eos_text=model.eos_text),
-            Tokenizer(tokenize=model.tokenize, bos=model.bos),
-        )
+        builder = _model_builder(model)
         tree = Tree()
         tree.add_child(tree.active_leaf, Role.USER, "What is 2+2?")
         target = builder.target(tree.active_path())
@@ -259,11 +263,7 @@ def test_the_bundled_models_template_tiles_a_path_as_it_renders_node_by_node(
 ) -> None:
     model = LlamaModel(smollm2_path)
     try:
-        template = model.chat_template()
-        assert template is not None
-        builder = PromptBuilder(
-            ChatTemplate(template, bos_text=model.bos_text, eos_text=model.eos_text),
-            Tokenizer(tokenize=model.tokenize, bos=model.bos))
+        builder = _model_builder(model)
         for system in ("", "Be brief."):
             tree = Tree(system)
             texts = ["Hi", " Hello! ", "What is 2+2?", "4\n", "<|im_end|> odd", "", "ok"] * 3
