@@ -40,7 +40,7 @@ from engine.api.schema import ApiError, ChatRequest
 from engine.api.trees import ApiTrees
 from engine.api.worker import ApiWorker, Begun, Preempted
 from engine.errors import ArborError, Cancelled, ContextOverflowError
-from engine.params import FinishReason, SamplingParams
+from engine.params import SamplingParams
 from engine.protocol import (
     EngineDied,
     Event,
@@ -51,7 +51,8 @@ from engine.protocol import (
     ReplyDone,
 )
 from engine.remote import EngineCrashed
-from engine.reply import CancelFn, NodeView, PieceFn, ReplyReport, ReplyResult
+from engine.reply import CancelFn, PieceFn
+from engine.results import FinishReason, NodeView, ReplyReport, ReplyResult
 from engine.settings import Settings
 from engine.tree import Node
 

@@ -41,7 +41,7 @@ from PySide6.QtGui import QKeySequence, QTextDocument
 from app.actions import spec
 from app.code_blocks import fences
 from engine.reasoning import Reasoning, ReasoningState, is_opened, split_reasoning
-from engine.reply import LEFT_OUT
+from engine.results import LEFT_OUT
 from engine.tree import Node, NodeStatus, Role, Tree
 
 log = logging.getLogger(__name__)

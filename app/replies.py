@@ -45,7 +45,7 @@ from engine.protocol import (
     WarmRequest,
 )
 from engine.reasoning import OPENED, is_opened
-from engine.reply import NodeView, Rendered, ReplyReport, ReplyResult
+from engine.results import NodeView, Rendered, ReplyReport, ReplyResult
 from engine.store import StoreSink
 from engine.tree import Node
 

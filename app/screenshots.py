@@ -107,7 +107,7 @@ def main(argv: list[str]) -> int:
     from engine.model import default_model_path
     from engine.overflow import Overflow
     from engine.overrides import Overrides
-    from engine.reply import LEFT_OUT
+    from engine.results import LEFT_OUT
     from engine.settings import Settings, Theme
     from engine.store import Store
     from engine.tree import Role, Tree

@@ -15,7 +15,7 @@ from PySide6.QtCore import QObject, Slot
 from PySide6.QtWidgets import QLabel, QProgressBar, QStatusBar
 
 from app.replies import Replies
-from engine.reply import ReplyReport
+from engine.results import ReplyReport
 
 
 class StatusArea(QObject):

@@ -35,15 +35,14 @@ from pathlib import Path
 from typing import Any, BinaryIO, TypeGuard
 
 from engine.atomic import atomic_writer
-from engine.formats import FormatError, open_regular
 from engine.formats.strict_json import dumps_strict, loads_strict
-from engine.model import MemoryKind
+from engine.memory import MemoryKind
+from engine.regular import FormatError, open_regular
 from engine.schedule import Schedule, crossing
 
 log = logging.getLogger(__name__)
 
 _ids = itertools.count(1)
-DEFAULT_INTERVAL = 2048
 _FILE_MAGIC = b"ARBORCKP"
 # 2: the chunk ends ("bounds"); 3: the HMAC tag. Files of other versions are discarded.
 _FILE_VERSION = 3

@@ -19,15 +19,16 @@ from pathlib import Path
 from typing import NoReturn
 
 from engine.bench.main import add_arguments as add_bench_arguments
-from engine.checkpoints import DEFAULT_INTERVAL
+from engine.endpoints import RpcError, parse_endpoints
 from engine.errors import ArborError, ModelLoadError, ModelNotFoundError, printable
-from engine.formats import FormatError
 from engine.model import list_models, read_model_info, resolve_model
 from engine.params import CacheMode, CheckpointOptions
 from engine.paths import data_dirs
+from engine.regular import FormatError
 from engine.remote import EngineCrashed, engine_log
-from engine.rpc import RpcError, parse_endpoints, run_worker, unreachable
+from engine.rpc import run_worker, unreachable
 from engine.scenario import ScenarioError, load_scenario
+from engine.schedule import DEFAULT_INTERVAL
 from engine.store import Store, StoreOpenError
 from engine.transfer import FileFormat, commit_import, export_file, format_for_export, parse_import
 

@@ -12,9 +12,8 @@ from __future__ import annotations
 import secrets
 from dataclasses import dataclass, field
 
-from engine.params import FinishReason
 from engine.reasoning import OPENED, is_opened
-from engine.reply import LEFT_OUT, Rendered, ReplyResult
+from engine.results import LEFT_OUT, FinishReason, Rendered, ReplyResult
 from engine.tree import Node, NodeStatus, Role, Tree, TreeError
 
 

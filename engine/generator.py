@@ -15,7 +15,7 @@ import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
-from engine.checkpoints import DEFAULT_INTERVAL, Checkpoint, CheckpointStore, plan_saves
+from engine.checkpoints import Checkpoint, CheckpointStore, plan_saves
 from engine.errors import ContextOverflowError
 from engine.llama import apply_builtin_template, builtin_template_names
 from engine.overflow import Cut, Overflow, fit, read_part, reply_room
@@ -30,6 +30,7 @@ from engine.runtime import (
     ProgressFn,
     Runtime,
 )
+from engine.schedule import DEFAULT_INTERVAL
 from engine.templates import TemplateChoice, TemplateOrigin, choose_template
 from engine.tree import Node, Role
 

@@ -25,7 +25,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO
 
-from engine.formats import open_regular
+from engine.regular import open_regular
 
 MAGIC = b"GGUF"
 MAX_METADATA_BYTES = 64 << 20

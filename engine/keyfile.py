@@ -14,8 +14,8 @@ from pathlib import Path
 
 from engine.atomic import create_once
 from engine.errors import ArborError
-from engine.formats import NotRegularFileError, open_regular
 from engine.paths import data_dirs
+from engine.regular import NotRegularFileError, open_regular
 
 KEY_FILE = "session-key"
 KEY_BYTES = 32

@@ -22,10 +22,11 @@ import numpy as np
 
 from engine import backends, rpc
 from engine.cpu import physical_cores
+from engine.endpoints import parse_endpoint
 from engine.errors import DecodeError, ModelLoadError
-from engine.model import MemoryKind, read_model_info
+from engine.memory import MemoryKind
+from engine.model import read_model_info
 from engine.params import KV_TYPE_NAMES, ContextParams, FlashAttention, SamplingParams
-from engine.rpc import parse_endpoint
 
 log = logging.getLogger(__name__)
 native_log = logging.getLogger("llama.cpp")

@@ -14,12 +14,12 @@ import os
 import sys
 import threading
 from dataclasses import dataclass
-from enum import StrEnum
 from pathlib import Path
 
 from engine.atomic import write_atomic
 from engine.errors import ModelLoadError, ModelNotFoundError
 from engine.gguf_header import GGUFHeaderError, NotGGUFError, read_gguf_header
+from engine.memory import MemoryKind
 from engine.paths import DataDirs, data_dirs
 
 log = logging.getLogger(__name__)
@@ -34,15 +34,6 @@ _RECURRENT_ARCHS = frozenset({"mamba", "mamba2", "rwkv6", "rwkv6qwen2", "rwkv7",
 _HYBRID_ARCHS = frozenset(
     {"jamba", "falcon-h1", "granitehybrid", "nemotron_h", "lfm2", "qwen3next", "plamo2"}
 )
-
-
-class MemoryKind(StrEnum):
-    """How the model's cache behaves when a conversation goes back (see DESIGN.md)."""
-
-    DENSE = "dense"
-    SLIDING_WINDOW = "sliding_window"
-    RECURRENT = "recurrent"
-    HYBRID = "hybrid"
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
 
-from engine.checkpoints import DEFAULT_INTERVAL
+from engine.schedule import DEFAULT_INTERVAL
 
 # The K/V cache element types a context can use, by name (engine.llama maps them to ggml's).
 KV_TYPE_NAMES = ("f32", "f16", "q8_0", "q4_0")
@@ -82,18 +82,3 @@ class CheckpointOptions:
     ram_budget: int | None = None  # bytes; None = the default from the machine's memory
     disk_dir: Path | None = None  # the disk tier; None = RAM only
     disk_budget: int = 8 << 30
-
-
-class Source(StrEnum):
-    """Where the state a prompt was prepared from came from."""
-
-    LIVE = "live"  # the live cache held a usable prefix
-    CHECKPOINT = "checkpoint"  # a saved state was restored
-    NONE = "none"  # decoded from scratch
-
-
-class FinishReason(StrEnum):
-    STOP = "stop"  # the model produced an end-of-generation token
-    LENGTH = "length"  # max_tokens reached
-    CONTEXT_FULL = "context_full"  # no room left in the context
-    CANCELLED = "cancelled"

@@ -9,6 +9,7 @@ import logging
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
+from engine.endpoints import parse_endpoints
 from engine.llama import (
     GpuFit,
     fit_gpu_layers,
@@ -19,7 +20,7 @@ from engine.llama import (
 )
 from engine.params import GPU_LAYERS_FIT, ContextParams, FlashAttention, RuntimeSettings
 from engine.repack import Decision, RepackGuard
-from engine.rpc import WorkersUnreachable, parse_endpoints, unreachable
+from engine.rpc import WorkersUnreachable, unreachable
 
 log = logging.getLogger(__name__)
 

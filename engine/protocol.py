@@ -23,7 +23,7 @@ from engine.checkpoints import Checkpoint, Identity
 from engine.overflow import Overflow
 from engine.params import CheckpointOptions, RuntimeSettings, SamplingParams
 from engine.records import ConversationRecord
-from engine.reply import NodeView, ReplyReport, ReplyResult
+from engine.results import NodeView, ReplyReport, ReplyResult
 from engine.settings import Settings
 
 # --- requests --------------------------------------------------------------------------------

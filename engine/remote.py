@@ -38,15 +38,8 @@ from engine.protocol import (
     Warmed,
     WarmRequest,
 )
-from engine.reply import (
-    CancelFn,
-    NodeView,
-    PieceFn,
-    ProgressFn,
-    Rendered,
-    ReplyReport,
-    ReplyResult,
-)
+from engine.reply import CancelFn, PieceFn, ProgressFn
+from engine.results import NodeView, Rendered, ReplyReport, ReplyResult
 from engine.settings import Settings
 from engine.tree import Node
 

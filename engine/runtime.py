@@ -25,9 +25,11 @@ import numpy as np
 from engine.checkpoints import Checkpoint, Identity
 from engine.errors import ArborError, Cancelled, ContextOverflowError, DecodeError
 from engine.llama import LlamaContext, LlamaModel, Sampler, SamplingParams
-from engine.model import MemoryKind, file_sha256
-from engine.params import FinishReason, RuntimeSettings, Source
+from engine.memory import MemoryKind
+from engine.model import file_sha256
+from engine.params import RuntimeSettings
 from engine.placement import place
+from engine.results import FinishReason, Source
 from engine.schedule import CPU_GRID, GPU_GRID, Schedule, decode_schedule
 
 log = logging.getLogger(__name__)

@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any, cast
 
 from engine.errors import ArborError, printable
-from engine.formats import FormatError, read_regular
 from engine.formats.strict_json import loads_strict
 from engine.overflow import Overflow
 from engine.params import SamplingParams
+from engine.regular import FormatError, read_regular
 
 DEFAULT_MAX_TOKENS = 64
 MAX_SCENARIO_BYTES = 16 << 20

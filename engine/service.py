@@ -21,11 +21,12 @@ from pathlib import Path
 from typing import Protocol
 
 from engine.checkpoints import CheckpointStore
+from engine.endpoints import parse_endpoint
 from engine.errors import ArborError, Cancelled, ContextOverflowError
 from engine.formats.native import SessionCheckpoint, write_session
 from engine.generator import Generator
 from engine.keyfile import installation_key
-from engine.params import CheckpointOptions, Source
+from engine.params import CheckpointOptions
 from engine.paths import data_dirs
 from engine.protocol import (
     AdoptCheckpoints,
@@ -53,8 +54,9 @@ from engine.protocol import (
     Warmed,
     WarmRequest,
 )
-from engine.reply import ReplyReport, rendered, run_reply
-from engine.rpc import WorkersUnreachable, parse_endpoint
+from engine.reply import rendered, run_reply
+from engine.results import ReplyReport, Source
+from engine.rpc import WorkersUnreachable
 from engine.runtime import Runtime
 from engine.settings import Effect, Settings, effect_of
 

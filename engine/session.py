@@ -11,21 +11,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from engine.checkpoints import DEFAULT_INTERVAL, CheckpointStore
+from engine.checkpoints import CheckpointStore
 from engine.conversation import Change, Conversation, ReplyJob
 from engine.errors import Cancelled
 from engine.generator import Generator
 from engine.overflow import Overflow
 from engine.params import SamplingParams
-from engine.reply import (
-    PieceFn,
-    Rendered,
-    ReplyReport,
-    ReplyResult,
-    rendered,
-    run_reply,
-)
+from engine.reply import PieceFn, rendered, run_reply
+from engine.results import Rendered, ReplyReport, ReplyResult
 from engine.runtime import CancelFn, ProgressFn, Runtime
+from engine.schedule import DEFAULT_INTERVAL
 from engine.tree import Node, Role, Tree, TreeError
 
 log = logging.getLogger(__name__)

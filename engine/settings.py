@@ -22,9 +22,8 @@ from pathlib import Path
 from typing import Any, cast
 
 from engine.atomic import write_atomic
-from engine.checkpoints import DEFAULT_INTERVAL
+from engine.endpoints import RpcError, parse_endpoints
 from engine.errors import ArborError, printable
-from engine.formats import FormatError, read_regular
 from engine.formats.strict_json import loads_strict
 from engine.overflow import Overflow
 from engine.params import (
@@ -36,7 +35,8 @@ from engine.params import (
     SamplingParams,
 )
 from engine.paths import data_dirs
-from engine.rpc import RpcError, parse_endpoints
+from engine.regular import FormatError, read_regular
+from engine.schedule import DEFAULT_INTERVAL
 
 log = logging.getLogger(__name__)
 

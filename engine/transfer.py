@@ -13,7 +13,6 @@ from pathlib import Path
 from engine.atomic import write_atomic
 from engine.checkpoints import CheckpointStore, Identity
 from engine.errors import Cancelled
-from engine.formats import FormatError, open_regular, read_regular
 from engine.formats.chatgpt import export_chatgpt, parse_chatgpt
 from engine.formats.markdown import export_markdown
 from engine.formats.native import (
@@ -24,6 +23,7 @@ from engine.formats.native import (
 )
 from engine.formats.openai_messages import export_openai_messages, parse_openai_messages
 from engine.records import ConversationRecord, to_tree
+from engine.regular import FormatError, open_regular, read_regular
 from engine.store import Store
 from engine.tree import Tree
 

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from engine.bench.random_models import ModelKind, Quant, write_tiny_model
-from engine.model import MemoryKind, default_model_path
+from engine.memory import MemoryKind
+from engine.model import default_model_path
 from engine.runtime import Runtime, RuntimeSettings
 from tests.fixtures import real_models
 

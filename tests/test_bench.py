@@ -33,7 +33,7 @@ from engine.bench.report import (
 from engine.bench.stats import Spread, ratios
 from engine.bench.systems import SETUP, Setup, System, run
 from engine.cpu import logical_cores, physical_cores
-from engine.model import MemoryKind
+from engine.memory import MemoryKind
 from engine.scenario import parse_scenario
 
 # --- cases -------------------------------------------------------------------------------

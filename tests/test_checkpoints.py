@@ -23,7 +23,7 @@ from engine.checkpoints import Checkpoint, CheckpointStore, Identity, file_head,
 from engine.formats.strict_json import dumps_strict
 from engine.generator import Generator
 from engine.llama import SamplingParams
-from engine.model import MemoryKind
+from engine.memory import MemoryKind
 from engine.runtime import Runtime, Source
 from engine.schedule import decode_schedule
 from engine.session import GenerationOptions, Session

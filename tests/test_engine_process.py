@@ -21,9 +21,8 @@ import engine.process
 from app.engine_client import ProcessEngine
 from app.main_window import MainWindow
 from app.replies import EXPORT_LOST, MAX_RESTARTS
-from engine.params import Source
 from engine.protocol import Crash, CrashKind, ExportDone, ExportRequest, GenerateRequest, Request
-from engine.reply import ReplyReport
+from engine.results import ReplyReport, Source
 from engine.transfer import FileFormat
 from engine.tree import NodeStatus, Role
 from tests.app_fixtures import TIMEOUT, process_gone, send, warnings_shown

@@ -20,12 +20,13 @@ from hypothesis import strategies as st
 
 import engine.records
 from engine.errors import ArborError
-from engine.formats import FormatError, chatgpt
+from engine.formats import chatgpt
 from engine.formats.chatgpt import export_chatgpt, parse_chatgpt
 from engine.formats.markdown import export_markdown
 from engine.formats.openai_messages import export_openai_messages, parse_openai_messages
 from engine.formats.strict_json import dumps_strict, loads_strict
 from engine.records import ConversationRecord, from_tree, to_tree, validate
+from engine.regular import FormatError
 from engine.tree import NodeStatus, Role, Tree
 
 # --- building ChatGPT exports ----------------------------------------------------------------

@@ -17,11 +17,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from engine.formats import FormatError
 from engine.formats.chatgpt import export_chatgpt
 from engine.formats.native import write_session
 from engine.formats.openai_messages import export_openai_messages
 from engine.records import ConversationRecord, from_tree
+from engine.regular import FormatError
 from engine.store import Store
 from engine.transfer import import_file
 from engine.tree import Role, Tree

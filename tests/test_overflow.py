@@ -14,10 +14,10 @@ import pytest
 
 from engine.bench.random_models import Quant
 from engine.errors import ContextOverflowError
-from engine.model import MemoryKind
+from engine.memory import MemoryKind
 from engine.overflow import Overflow, cut_places, fit, read_part, reply_room
 from engine.replay import CacheMode, replay
-from engine.reply import LEFT_OUT
+from engine.results import LEFT_OUT
 from engine.runtime import Runtime, RuntimeSettings
 from engine.scenario import ScenarioError, parse_scenario
 from engine.session import GenerationOptions, Session

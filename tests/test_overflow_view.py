@@ -18,7 +18,7 @@ from app.message_delegate import MessageDelegate
 from app.settings_dialog import SettingsDialog
 from engine.overflow import Overflow
 from engine.overrides import Overrides
-from engine.reply import LEFT_OUT
+from engine.results import LEFT_OUT
 from engine.settings import Settings, load_settings, save_settings
 from engine.store import Store
 from tests.app_fixtures import TIMEOUT, destroy, send

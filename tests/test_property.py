@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from engine.bench.random_models import Quant
 from engine.checkpoints import CheckpointStore
 from engine.llama import SamplingParams
-from engine.model import MemoryKind
+from engine.memory import MemoryKind
 from engine.runtime import PrepareReport, Runtime, RuntimeSettings
 from engine.session import GenerationOptions, Session, StepReport
 from engine.tree import Role, TreeError

@@ -18,7 +18,7 @@ import pytest
 
 from engine.checkpoints import Checkpoint, CheckpointStore
 from engine.llama import SamplingParams
-from engine.model import MemoryKind
+from engine.memory import MemoryKind
 from engine.params import ContextParams
 from engine.replay import run_step
 from engine.runtime import PrepareReport, Runtime, RuntimeSettings, Source

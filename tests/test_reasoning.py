@@ -24,12 +24,12 @@ from engine.checkpoints import CheckpointStore
 from engine.formats.chatgpt import export_chatgpt, parse_chatgpt
 from engine.formats.markdown import export_markdown
 from engine.generator import Generator
-from engine.model import MemoryKind
-from engine.params import FinishReason
+from engine.memory import MemoryKind
 from engine.prompt import CHATML_TEMPLATE, ChatTemplate, PromptBuilder, Tokenizer
 from engine.reasoning import OPENED, ReasoningState, is_opened, opens_reasoning, split_reasoning
 from engine.records import from_tree, to_tree
-from engine.reply import NodeView, run_reply
+from engine.reply import run_reply
+from engine.results import FinishReason, NodeView
 from engine.runtime import Generation, Runtime, RuntimeSettings
 from engine.session import GenerationOptions, Session
 from engine.store import Store

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from engine.model import MemoryKind
+from engine.memory import MemoryKind
 from engine.replay import CacheMode, replay, run_step
 from engine.runtime import PrepareReport, Runtime, RuntimeSettings, Source
 from engine.scenario import parse_scenario

@@ -22,9 +22,10 @@ from PySide6.QtCore import Qt
 from pytestqt.qtbot import QtBot
 
 from app.main_window import MainWindow
+from engine.endpoints import parse_endpoint
 from engine.params import CacheMode, ContextParams, FlashAttention, RuntimeSettings
 from engine.replay import replay
-from engine.rpc import build_supports_rpc, parse_endpoint, probe, worker_program
+from engine.rpc import build_supports_rpc, probe, worker_program
 from engine.scenario import parse_scenario
 from engine.tree import NodeStatus, Role
 from tests.app_fixtures import TIMEOUT, free_port, send

@@ -18,16 +18,10 @@ from pytestqt.qtbot import QtBot
 
 from app.main_window import MainWindow
 from engine import rpc
+from engine.endpoints import Endpoint, RpcError, parse_endpoint, parse_endpoints
 from engine.params import RuntimeSettings
 from engine.placement import place
-from engine.rpc import (
-    Endpoint,
-    RpcError,
-    WorkersUnreachable,
-    parse_endpoint,
-    parse_endpoints,
-    probe,
-)
+from engine.rpc import WorkersUnreachable, probe
 from engine.settings import Settings, SettingsError, load_settings
 from tests.app_fixtures import TIMEOUT
 

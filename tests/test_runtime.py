@@ -11,7 +11,7 @@ import pytest
 
 from engine.errors import Cancelled, ContextOverflowError, ModelLoadError, ModelNotFoundError
 from engine.llama import ContextParams, SamplingParams, supports_gpu_offload
-from engine.model import MemoryKind
+from engine.memory import MemoryKind
 from engine.runtime import FinishReason, Runtime, Source
 from tests.conftest import ALL_KINDS, RuntimeFactory
 from tests.helpers import fresh_logits, random_tokens

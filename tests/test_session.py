@@ -8,7 +8,7 @@ import pytest
 
 from engine.checkpoints import CheckpointStore
 from engine.llama import SamplingParams
-from engine.model import MemoryKind
+from engine.memory import MemoryKind
 from engine.runtime import Runtime, RuntimeSettings
 from engine.session import GenerationOptions, Session
 from engine.store import Store, StoreSink

@@ -21,9 +21,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from engine.checkpoints import Checkpoint, Identity
-from engine.formats import FormatError, native
+from engine.formats import native
 from engine.formats.native import SessionCheckpoint, read_session, write_session
 from engine.records import from_tree
+from engine.regular import FormatError
 from engine.store import Store
 from engine.transfer import FileFormat, export_file, import_file
 from engine.tree import Role, Tree

@@ -11,11 +11,11 @@ from typing import Any
 import pytest
 
 from engine.errors import ArborError, Cancelled
-from engine.formats import FormatError
 from engine.formats.chatgpt import export_chatgpt
 from engine.formats.native import write_session
 from engine.formats.openai_messages import export_openai_messages
 from engine.records import ConversationRecord, from_tree
+from engine.regular import FormatError
 from engine.store import Store
 from engine.transfer import ParsedImport, commit_import, import_file, parse_import
 from engine.tree import Role, Tree

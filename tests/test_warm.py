@@ -11,7 +11,7 @@ from engine.checkpoints import CheckpointStore
 from engine.errors import Cancelled
 from engine.generator import Generator
 from engine.llama import SamplingParams
-from engine.model import MemoryKind
+from engine.memory import MemoryKind
 from engine.runtime import Source
 from engine.tree import Role, Tree
 from tests.conftest import ALL_KINDS, RuntimeFactory

@@ -11,7 +11,8 @@ from engine.params import SamplingParams
 from engine.process import SHUTDOWN_TIMEOUT_S
 from engine.protocol import ModelLoaded
 from engine.remote import RemoteReplier
-from engine.reply import CancelFn, PieceFn, ReplyReport, ReplyResult
+from engine.reply import CancelFn, PieceFn
+from engine.results import ReplyReport, ReplyResult
 from engine.settings import Settings
 from engine.tree import Node
 

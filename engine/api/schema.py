@@ -17,8 +17,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from engine.formats import FormatError
 from engine.formats.strict_json import loads_strict
+from engine.regular import FormatError
 from engine.tree import Role
 
 MAX_BODY_BYTES = 4 << 20

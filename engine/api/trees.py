@@ -29,9 +29,8 @@ from engine.api.schema import ChatRequest, Message
 from engine.api.worker import Begun
 from engine.conversation import Conversation, ReplyJob, ReplyStart
 from engine.errors import ArborError
-from engine.params import FinishReason
 from engine.reasoning import OPENED, is_opened
-from engine.reply import NodeView, ReplyResult
+from engine.results import FinishReason, NodeView, ReplyResult
 from engine.store import Store
 from engine.tree import Node, NodeStatus, Tree
 

@@ -22,10 +22,11 @@ from typing import Protocol
 from engine.api.schema import ApiError, ChatRequest, Usage
 from engine.api.stops import StopScanner
 from engine.errors import ArborError, Cancelled, ContextOverflowError
-from engine.params import FinishReason, SamplingParams
+from engine.params import SamplingParams
 from engine.protocol import ModelLoaded
 from engine.remote import EngineCrashed
-from engine.reply import CancelFn, PieceFn, ReplyReport, ReplyResult
+from engine.reply import CancelFn, PieceFn
+from engine.results import FinishReason, ReplyReport, ReplyResult
 from engine.tree import Node
 
 log = logging.getLogger(__name__)

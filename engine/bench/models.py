@@ -24,7 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.bench.cases import PASSAGE
-from engine.model import MemoryKind, default_model_path, read_model_info
+from engine.memory import MemoryKind
+from engine.model import default_model_path, read_model_info
 
 log = logging.getLogger(__name__)
 

@@ -29,9 +29,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any, NoReturn
 
-from engine.formats import FormatError, check_record
+from engine.formats import check_record
 from engine.formats.strict_json import NotAnArrayError, describe, dumps_strict, iter_array_strict
 from engine.records import MAX_NODES, ConversationRecord, NodeRecord
+from engine.regular import FormatError
 from engine.tree import NodeStatus, Role
 
 log = logging.getLogger(__name__)

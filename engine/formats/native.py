@@ -38,10 +38,10 @@ from typing import Any, BinaryIO, cast
 from engine import __version__
 from engine.atomic import atomic_writer
 from engine.checkpoints import Checkpoint, Identity, valid_bounds
-from engine.formats import FormatError, open_regular
 from engine.formats.strict_json import dumps_strict, loads_strict
 from engine.keyfile import installation_key
 from engine.records import ConversationRecord, NodeRecord, RecordError, validate
+from engine.regular import FormatError, open_regular
 from engine.tree import NodeStatus, Role
 
 FORMAT = "arbor-session"

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from engine.formats import FormatError, active_path, check_record
+from engine.formats import active_path, check_record
 from engine.formats.strict_json import dumps_strict, loads_strict
 from engine.records import MAX_NODES, ConversationRecord, NodeRecord
+from engine.regular import FormatError
 from engine.tree import Role
 
 _ROLES = {"system": Role.SYSTEM, "user": Role.USER, "assistant": Role.ASSISTANT}

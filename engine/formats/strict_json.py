@@ -20,7 +20,7 @@ import re
 from collections.abc import Iterator
 from typing import Any, NoReturn
 
-from engine.formats import FormatError
+from engine.regular import FormatError
 
 MAX_INT_DIGITS = 30
 # A float literal longer than this is not something an exporter writes (repr() needs <= 24).

@@ -18,9 +18,10 @@ import threading
 import time
 from dataclasses import dataclass
 
+from engine.endpoints import parse_endpoint
 from engine.model import default_model_path
 from engine.params import ContextParams, FlashAttention, RuntimeSettings
-from engine.rpc import parse_endpoint, probe, worker_program
+from engine.rpc import probe, worker_program
 from engine.runtime import Runtime
 
 TOKENS = 2000
