@@ -27,7 +27,7 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 run: $(STAMP)
-	$(PY) -m app.system_check
+	$(PY) -m app.window.system_check
 	$(VENV)/bin/arbor
 
 test: $(STAMP)

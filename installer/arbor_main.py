@@ -6,10 +6,10 @@ import sys
 
 if __name__ == "__main__":
     multiprocessing.freeze_support()
-    if sys.argv[1:2] == ["--kernels"]:  # llama.cpp in this process, no Qt: see engine.kernels
-        from engine.cli import main as engine_main
+    if sys.argv[1:2] == ["--kernels"]:  # llama.cpp in this process, no Qt: see engine.llm.kernels
+        from engine.cli.main import main as engine_main
 
         sys.exit(engine_main(["kernels", *sys.argv[2:]]))
-    from app.main import main
+    from app.window.main import main
 
     sys.exit(main())

@@ -9,7 +9,7 @@ ROOT="$(cd "$(dirname "$0")/.." && pwd)"
 OUT="$ROOT/build"
 VERSION=$("$PY" -c 'import importlib.metadata as m; print(m.version("arbor-chat"))')
 ARCH=$(dpkg --print-architecture 2>/dev/null || echo amd64)
-# What Qt's X11 plugin loads that a desktop may lack (see app/system_check.py).
+# What Qt's X11 plugin loads that a desktop may lack (see app/window/system_check.py).
 DEPENDS="libxcb-cursor0, libxcb-icccm4, libxcb-keysyms1, libxcb-image0, libxcb-render-util0, \
 libxcb-randr0, libxcb-shape0, libxcb-xkb1, libxkbcommon-x11-0, libegl1, libfontconfig1, \
 libdbus-1-3"

@@ -5,7 +5,7 @@
 #
 # Linux and Windows builds are portable: GGML_NATIVE=OFF, GGML_BACKEND_DL=ON and
 # GGML_CPU_ALL_VARIANTS=ON put one CPU library per instruction-set level (x64 ... zen4,
-# sapphirerapids) beside libllama, and Arbor loads the best this CPU runs (engine/backends.py),
+# sapphirerapids) beside libllama, and Arbor loads the best this CPU runs (engine/llm/backends.py),
 # as llama.cpp's own releases do; a GPU backend is one more library beside them. macOS builds
 # Metal in, for the Mac it runs on.
 #

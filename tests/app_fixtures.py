@@ -16,16 +16,16 @@ import pytest
 from PySide6.QtCore import QCoreApplication, QEvent, QObject, Qt
 from pytestqt.qtbot import QtBot
 
-import engine.llama as llama_layer
-from app.chat_view import ChatView
-from app.engine_client import EngineClient
-from app.engine_thread import ThreadEngine
-from app.main_window import MainWindow
-from app.message_documents import MessageDocument
-from app.theme import fusion_light_palette
-from engine.settings import Settings
-from engine.store import Store
-from engine.tree import Tree
+import engine.llm.llama as llama_layer
+from app.chat.chat_view import ChatView
+from app.chat.message_documents import MessageDocument
+from app.look.theme import fusion_light_palette
+from app.state.engine_client import EngineClient
+from app.state.engine_thread import ThreadEngine
+from app.window.main_window import MainWindow
+from engine.config.settings import Settings
+from engine.core.tree import Tree
+from engine.storage.store import Store
 
 # A hang guard, not a speed claim: a random-weight model answers up to its token limit and a
 # shared machine may be slow; every wait ends as soon as its signal comes.
@@ -64,7 +64,7 @@ def open_window(qtbot: QtBot, tmp_path: Path, model: Path,
 def warnings_shown(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     """The texts of the window's warning dialogs from now on (none of them opens)."""
     shown: list[str] = []
-    monkeypatch.setattr("app.main_window.QMessageBox.warning",
+    monkeypatch.setattr("app.window.main_window.QMessageBox.warning",
                         lambda _parent, _title, text: shown.append(text))
     return shown
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 
 from engine.bench.random_models import ModelKind, Quant, write_tiny_model
-from engine.memory import MemoryKind
-from engine.model import default_model_path
-from engine.runtime import Runtime, RuntimeSettings
+from engine.core.memory import MemoryKind
+from engine.llm.runtime import Runtime, RuntimeSettings
+from engine.models.files import default_model_path
 from tests.fixtures import real_models
 
 pytest_plugins = ["tests.app_fixtures"]

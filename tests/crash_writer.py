@@ -22,10 +22,10 @@ import signal
 import sys
 from pathlib import Path
 
-import engine.store
-from engine.records import from_tree
-from engine.store import Store, StoreSink
-from engine.tree import NodeStatus, Role, Tree
+import engine.storage.store
+from engine.core.records import from_tree
+from engine.core.tree import NodeStatus, Role, Tree
+from engine.storage.store import Store, StoreSink
 
 
 def write(store: Store, seed: int) -> None:
@@ -68,7 +68,7 @@ def write(store: Store, seed: int) -> None:
 
 
 def import_and_die(store: Store) -> None:
-    engine.store.IMPORT_SLICE = 100
+    engine.storage.store.IMPORT_SLICE = 100
     records = []
     for i in range(10):
         tree = Tree("sys")

@@ -22,32 +22,32 @@ def _segfault() -> None:
 def faults_while_repacking(conn: Connection, *args: object) -> None:
     """The real engine, on a build whose repacked-weight kernels fault on this CPU: the
     load's canary batch dies while weights are repacked, and runs without them."""
-    import engine.process
-    import engine.runtime
+    import engine.llm.runtime
+    import engine.service.process
 
-    canary = engine.runtime.Runtime._canary
+    canary = engine.llm.runtime.Runtime._canary
 
-    def faulting_canary(self: engine.runtime.Runtime) -> None:
+    def faulting_canary(self: engine.llm.runtime.Runtime) -> None:
         if self.repack:
             _segfault()
         canary(self)
 
-    engine.runtime.Runtime._canary = faulting_canary  # type: ignore[method-assign]
-    engine.process.child_main(conn, *args)  # type: ignore[arg-type]
+    engine.llm.runtime.Runtime._canary = faulting_canary  # type: ignore[method-assign]
+    engine.service.process.child_main(conn, *args)  # type: ignore[arg-type]
 
 
 def faults_on_the_first_prompt(conn: Connection, *args: object) -> None:
     """Kernels that pass the canary and fault on the first real prompt (a larger batch takes
     another kernel), while weights are repacked."""
-    import engine.process
-    import engine.runtime
+    import engine.llm.runtime
+    import engine.service.process
 
-    prepare = engine.runtime.Runtime.prepare
+    prepare = engine.llm.runtime.Runtime.prepare
 
-    def faulting_prepare(self: engine.runtime.Runtime, *a: object, **kw: object) -> object:
+    def faulting_prepare(self: engine.llm.runtime.Runtime, *a: object, **kw: object) -> object:
         if self.repack:
             _segfault()
         return prepare(self, *a, **kw)  # type: ignore[arg-type]
 
-    engine.runtime.Runtime.prepare = faulting_prepare  # type: ignore[assignment,method-assign]
-    engine.process.child_main(conn, *args)  # type: ignore[arg-type]
+    engine.llm.runtime.Runtime.prepare = faulting_prepare  # type: ignore[assignment,method-assign]
+    engine.service.process.child_main(conn, *args)  # type: ignore[arg-type]

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from engine.runtime import Runtime
+from engine.llm.runtime import Runtime
 
 
 def random_tokens(n: int, seed: int = 0) -> list[int]:

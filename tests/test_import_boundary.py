@@ -24,7 +24,7 @@ def _python(code: str) -> subprocess.CompletedProcess[str]:
 
 def test_importing_every_engine_module_loads_no_qt_and_no_app() -> None:
     modules = sorted(m.name for m in pkgutil.walk_packages(engine.__path__, "engine."))
-    assert "engine.runtime" in modules and "engine.cli" in modules  # the walk found them
+    assert "engine.llm.runtime" in modules and "engine.cli.main" in modules  # the walk found them
     code = (
         "import importlib, sys\n"
         f"for name in {modules!r}:\n"
@@ -40,7 +40,7 @@ def test_importing_every_engine_module_loads_no_qt_and_no_app() -> None:
 
 def test_the_check_would_notice_a_qt_import() -> None:
     """Guard against a check that cannot fail: importing app does pull in PySide6."""
-    code = "import sys, app.engine_client; print('PySide6' in sys.modules)"
+    code = "import sys, app.state.engine_client; print('PySide6' in sys.modules)"
     result = _python(code)
     assert result.stdout.strip() == "True"
 
@@ -48,13 +48,14 @@ def test_the_check_would_notice_a_qt_import() -> None:
 # Modules that run a model: they may load llama.cpp's native library. Everything else in the
 # engine (settings, scenarios, the store, files, the command line's other commands) and the
 # app's value and widget modules must not: they are read where no model is loaded.
-NATIVE = {"engine.llama", "engine.runtime", "engine.generator", "engine.session", "engine.replay",
-          "engine.bench.limits", "engine.kernels", "engine.placement",
-          "engine.service"}
-NATIVE_FREE_APP = ["app.main_window", "app.controller", "app.replies", "app.engine_client",
-                   "app.theme", "app.icons", "app.settings_dialog", "app.model_picker",
-                   "app.actions", "app.sidebar", "app.chat_model", "app.tree_panel",
-                   "app.importer"]
+NATIVE = {"engine.llm.llama", "engine.llm.runtime", "engine.llm.generator",
+          "engine.service.session", "engine.service.replay", "engine.bench.limits",
+          "engine.llm.kernels", "engine.llm.placement", "engine.service.handler"}
+NATIVE_FREE_APP = ["app.window.main_window", "app.state.controller", "app.state.replies",
+                   "app.state.engine_client", "app.look.theme", "app.look.icons",
+                   "app.dialogs.settings_dialog", "app.dialogs.model_picker", "app.look.actions",
+                   "app.window.sidebar", "app.chat.chat_model", "app.tree.tree_panel",
+                   "app.state.importer"]
 
 
 def test_only_the_llama_cpp_layer_imports_llama_cpp() -> None:
@@ -69,13 +70,13 @@ def test_only_the_llama_cpp_layer_imports_llama_cpp() -> None:
             )
             if any(name.split(".")[0] == "llama_cpp" for name in names):
                 offenders.append(str(path.relative_to(ROOT)))
-    assert offenders == ["engine/llama.py"]
+    assert offenders == ["engine/llm/llama.py"]
 
 
 def test_modules_that_run_no_model_do_not_load_the_native_library() -> None:
     modules = sorted(m.name for m in pkgutil.walk_packages(engine.__path__, "engine."))
     free = [m for m in modules if m not in NATIVE and m != "engine.__main__"]
-    assert "engine.settings" in free and "engine.scenario" in free and "engine.cli" in free
+    assert {"engine.config.settings", "engine.service.scenario", "engine.cli.main"} <= set(free)
     code = (
         "import importlib, sys\n"
         f"for name in {[*free, *NATIVE_FREE_APP]!r}:\n"
@@ -87,7 +88,7 @@ def test_modules_that_run_no_model_do_not_load_the_native_library() -> None:
     result = _python(code)
     assert result.stdout.strip() == "", f"{result.stdout.strip()} loaded llama_cpp"
     # The check can fail: the runtime does load it.
-    probe = "import sys, engine.runtime; print('llama_cpp' in sys.modules)"
+    probe = "import sys, engine.llm.runtime; print('llama_cpp' in sys.modules)"
     result = _python(probe)
     assert result.stdout.strip() == "True"
 
@@ -101,9 +102,9 @@ def test_the_window_answers_without_loading_llama_cpp_in_its_own_process(
 import sys
 from PySide6.QtCore import QEventLoop, QTimer
 from PySide6.QtWidgets import QApplication
-from app.main_window import MainWindow
-from engine.settings import Settings
-from engine.store import Store
+from app.window.main_window import MainWindow
+from engine.config.settings import Settings
+from engine.storage.store import Store
 app = QApplication([])
 from pathlib import Path
 window = MainWindow(store=Store(Path({str(tmp_path / "c.db")!r})), settings=Settings(max_tokens=8))

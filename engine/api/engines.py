@@ -6,15 +6,15 @@ import logging
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from engine.errors import ArborError
-from engine.params import SamplingParams
-from engine.process import SHUTDOWN_TIMEOUT_S
-from engine.protocol import ModelLoaded
-from engine.remote import RemoteReplier
-from engine.reply import CancelFn, PieceFn
-from engine.results import ReplyReport, ReplyResult
-from engine.settings import Settings
-from engine.tree import Node
+from engine.config.params import SamplingParams
+from engine.config.settings import Settings
+from engine.core.errors import ArborError
+from engine.core.results import ReplyReport, ReplyResult
+from engine.core.tree import Node
+from engine.llm.reply import CancelFn, PieceFn
+from engine.service.client import RemoteReplier
+from engine.service.process import SHUTDOWN_TIMEOUT_S
+from engine.service.protocol import ModelLoaded
 
 log = logging.getLogger(__name__)
 

@@ -17,9 +17,9 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from engine.formats.strict_json import loads_strict
-from engine.regular import FormatError
-from engine.tree import Role
+from engine.core.tree import Role
+from engine.files.regular import FormatError
+from engine.files.strict_json import loads_strict
 
 MAX_BODY_BYTES = 4 << 20
 MAX_MESSAGES = 10_000
@@ -78,7 +78,7 @@ class ChatRequest:
 
     @property
     def scope(self) -> str:
-        """The cache scope of this request (engine.checkpoints): one per `user`, none of
+        """The cache scope of this request (engine.storage.checkpoints): one per `user`, none of
         them the window's."""
         return API_SCOPE + hashlib.sha256(self.user.encode("utf-8", "surrogatepass")
                                           ).hexdigest()

@@ -10,7 +10,7 @@ from engine.api.engines import OwnEngine
 from engine.api.server import Server, ServerOptions, check_binding, model_id_of
 from engine.api.trees import LocalTrees
 from engine.api.worker import ApiWorker
-from engine.settings import Settings
+from engine.config.settings import Settings
 
 log = logging.getLogger(__name__)
 

@@ -27,12 +27,12 @@ from pathlib import Path
 
 from engine.api.schema import ChatRequest, Message
 from engine.api.worker import Begun
-from engine.conversation import Conversation, ReplyJob, ReplyStart
-from engine.errors import ArborError
-from engine.reasoning import OPENED, is_opened
-from engine.results import FinishReason, NodeView, ReplyResult
-from engine.store import Store
-from engine.tree import Node, NodeStatus, Tree
+from engine.core.conversation import Conversation, ReplyJob, ReplyStart
+from engine.core.errors import ArborError
+from engine.core.reasoning import OPENED, is_opened
+from engine.core.results import FinishReason, NodeView, ReplyResult
+from engine.core.tree import Node, NodeStatus, Tree
+from engine.storage.store import Store
 
 log = logging.getLogger(__name__)
 

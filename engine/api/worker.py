@@ -21,13 +21,13 @@ from typing import Protocol
 
 from engine.api.schema import ApiError, ChatRequest, Usage
 from engine.api.stops import StopScanner
-from engine.errors import ArborError, Cancelled, ContextOverflowError
-from engine.params import SamplingParams
-from engine.protocol import ModelLoaded
-from engine.remote import EngineCrashed
-from engine.reply import CancelFn, PieceFn
-from engine.results import FinishReason, ReplyReport, ReplyResult
-from engine.tree import Node
+from engine.config.params import SamplingParams
+from engine.core.errors import ArborError, Cancelled, ContextOverflowError
+from engine.core.results import FinishReason, ReplyReport, ReplyResult
+from engine.core.tree import Node
+from engine.llm.reply import CancelFn, PieceFn
+from engine.service.client import EngineCrashed
+from engine.service.protocol import ModelLoaded
 
 log = logging.getLogger(__name__)
 

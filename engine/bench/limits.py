@@ -19,11 +19,11 @@ import numpy as np
 
 from engine.bench.cases import PASSAGE, REPLY_TOKENS, SYSTEM, paragraph
 from engine.bench.models import BenchModel
-from engine.llama import LlamaContext, LlamaModel
-from engine.params import CheckpointOptions, ContextParams, RuntimeSettings, SamplingParams
-from engine.replay import CacheMode, replay
-from engine.runtime import Runtime
-from engine.scenario import parse_scenario
+from engine.config.params import CheckpointOptions, ContextParams, RuntimeSettings, SamplingParams
+from engine.llm.llama import LlamaContext, LlamaModel
+from engine.llm.runtime import Runtime
+from engine.service.replay import CacheMode, replay
+from engine.service.scenario import parse_scenario
 
 log = logging.getLogger(__name__)
 

@@ -32,7 +32,7 @@ from engine.bench.report import (
     write_json,
 )
 from engine.bench.systems import SETUP, Setup, System, run
-from engine.cpu import logical_cores, physical_cores
+from engine.llm.cpu import logical_cores, physical_cores
 
 log = logging.getLogger(__name__)
 
@@ -72,7 +72,7 @@ def cli_args(argv: list[str]) -> argparse.Namespace:
 
 
 def machine() -> dict[str, Any]:
-    from engine.llama import system_info
+    from engine.llm.llama import system_info
 
     return {"platform": platform.platform(), "python": platform.python_version(),
             "processor": platform.processor() or platform.machine(),
@@ -81,7 +81,7 @@ def machine() -> dict[str, Any]:
 
 
 def default_threads() -> int:
-    from engine.llama import default_thread_count
+    from engine.llm.llama import default_thread_count
 
     return default_thread_count()
 

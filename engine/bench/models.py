@@ -24,8 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from engine.bench.cases import PASSAGE
-from engine.memory import MemoryKind
-from engine.model import default_model_path, read_model_info
+from engine.core.memory import MemoryKind
+from engine.models.files import default_model_path, read_model_info
 
 log = logging.getLogger(__name__)
 
@@ -123,7 +123,7 @@ class Tokens:
     """A model's tokenizer, to size conversations and count new messages."""
 
     def __init__(self, path: Path) -> None:
-        from engine.llama import LlamaModel  # the one part of this module that loads llama.cpp
+        from engine.llm.llama import LlamaModel  # the one part of this module that loads llama.cpp
 
         self._model = LlamaModel(path)  # mapped, not read: cheap
 

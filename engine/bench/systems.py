@@ -30,9 +30,9 @@ from engine.bench.cases import (
     Case,
     Conversation,
 )
-from engine.model import read_model_info
-from engine.params import CacheMode, CheckpointOptions, ContextParams, RuntimeSettings
-from engine.scenario import parse_scenario
+from engine.config.params import CacheMode, CheckpointOptions, ContextParams, RuntimeSettings
+from engine.models.files import read_model_info
+from engine.service.scenario import parse_scenario
 
 log = logging.getLogger(__name__)
 
@@ -91,7 +91,7 @@ def run(system: System, setup: Setup, conversation: Conversation) -> dict[str, M
 
 
 def _arbor(setup: Setup, conversation: Conversation, cache: CacheMode) -> dict[str, Measure]:
-    from engine.replay import replay  # loads llama.cpp: only when a system runs
+    from engine.service.replay import replay  # loads llama.cpp: only when a system runs
 
     data = conversation.scenario(str(setup.model), n_ctx=setup.n_ctx, n_batch=setup.n_batch)
     with tempfile.TemporaryDirectory(prefix="arbor-bench-") as disk:
@@ -109,7 +109,7 @@ def _arbor(setup: Setup, conversation: Conversation, cache: CacheMode) -> dict[s
 
 
 def _peer(setup: Setup, conversation: Conversation, *, ram_cache: bool) -> dict[str, Measure]:
-    from engine.llama import PlainChat
+    from engine.llm.llama import PlainChat
 
     info = read_model_info(setup.model)
     # Without a template of its own a careful app names the model's format: llama-cpp-python

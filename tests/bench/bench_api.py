@@ -224,7 +224,7 @@ def run(model: Path, turns: int, home: Path) -> dict[str, dict[str, list[tuple[i
 def recurrent_model(out: Path) -> Path:
     sys.path.insert(0, str(ROOT))
     from engine.bench.random_models import ModelKind, write_tiny_model
-    from engine.model import default_model_path
+    from engine.models.files import default_model_path
 
     path = out / "mamba-12x768.gguf"
     if not path.exists():
@@ -238,7 +238,7 @@ def main() -> int:
     parser.add_argument("--turns", type=int, default=20)
     parser.add_argument("--models", default="dense,recurrent")
     args = parser.parse_args()
-    from engine.model import default_model_path
+    from engine.models.files import default_model_path
 
     with tempfile.TemporaryDirectory() as tmp:
         models = {"dense": default_model_path(), "recurrent": None}

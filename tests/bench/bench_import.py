@@ -19,9 +19,9 @@ from pathlib import Path
 
 
 def write_export(path: Path, conversations: int, seed: int = 1) -> None:
-    from engine.formats.chatgpt import export_chatgpt
-    from engine.records import from_tree
-    from engine.tree import Role, Tree
+    from engine.core.records import from_tree
+    from engine.core.tree import Role, Tree
+    from engine.storage.formats.chatgpt import export_chatgpt
 
     rng = random.Random(seed)
     records = []
@@ -45,8 +45,8 @@ def main() -> int:
         from PySide6.QtCore import QEventLoop, QTimer
         from PySide6.QtWidgets import QApplication
 
-        from app.main_window import MainWindow
-        from engine.store import Store
+        from app.window.main_window import MainWindow
+        from engine.storage.store import Store
 
         app = QApplication([])
         source = Path(tmp) / "conversations.json"

@@ -14,10 +14,10 @@ import argparse
 import time
 import tracemalloc
 
-from engine.llama import LlamaModel
-from engine.model import default_model_path
-from engine.prompt import ChatTemplate, PromptBuilder, Tokenizer
-from engine.tree import Role, Tree
+from engine.core.prompt import ChatTemplate, PromptBuilder, Tokenizer
+from engine.core.tree import Role, Tree
+from engine.llm.llama import LlamaModel
+from engine.models.files import default_model_path
 
 
 def build(size: int) -> Tree:

@@ -18,11 +18,11 @@ import threading
 import time
 from dataclasses import dataclass
 
-from engine.endpoints import parse_endpoint
-from engine.model import default_model_path
-from engine.params import ContextParams, FlashAttention, RuntimeSettings
-from engine.rpc import probe, worker_program
-from engine.runtime import Runtime
+from engine.config.endpoints import parse_endpoint
+from engine.config.params import ContextParams, FlashAttention, RuntimeSettings
+from engine.llm.rpc import probe, worker_program
+from engine.llm.runtime import Runtime
+from engine.models.files import default_model_path
 
 TOKENS = 2000
 TEXT = " ".join(f"Note {i}: the tide rises twice a day and the delta grows." for i in range(200))

@@ -46,12 +46,12 @@ class Stalls:
 def measure(kind: str, base: Path) -> Stalls:
     from PySide6.QtCore import QEventLoop, QTimer
 
-    from app.engine_client import EngineClient, ProcessEngine
-    from app.engine_thread import ThreadEngine
-    from app.main_window import MainWindow
-    from engine.model import default_model_path
-    from engine.settings import Settings
-    from engine.store import Store
+    from app.state.engine_client import EngineClient, ProcessEngine
+    from app.state.engine_thread import ThreadEngine
+    from app.window.main_window import MainWindow
+    from engine.config.settings import Settings
+    from engine.models.files import default_model_path
+    from engine.storage.store import Store
 
     engine: EngineClient = ThreadEngine() if kind == "thread" else ProcessEngine()
     settings = Settings(max_tokens=200, n_ctx=4096, seed=7)

@@ -1,0 +1,225 @@
+"""Settings: the engine's context and offload, the checkpoint store, sampling, appearance.
+
+The dialog edits a copy; the owner saves and applies what `chosen()` returns. While the user
+edits, a line under the form says what applying will cost: nothing, a reload of the model, or
+a reload that leaves the saved checkpoints unusable (so the next reply in every conversation
+reads it from the start).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import (
+    QCheckBox,
+    QComboBox,
+    QDialog,
+    QDialogButtonBox,
+    QDoubleSpinBox,
+    QFormLayout,
+    QGroupBox,
+    QLabel,
+    QLineEdit,
+    QSpinBox,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.dialogs.conversation_settings import OVERFLOW_TIP
+from engine.config.params import GPU_LAYERS_FIT, KV_TYPE_NAMES, FlashAttention
+from engine.config.settings import MAX_GPU_LAYERS, Effect, Settings, SettingsError, Theme, effect_of
+from engine.core.overflow import Overflow
+
+_EFFECT_TEXT = {
+    Effect.NONE: "",
+    Effect.LIVE: "Applied at once.",
+    Effect.RELOAD: "Applying loads the model again; saved checkpoints stay valid.",
+    Effect.INVALIDATE: (
+        "Applying loads the model again with a new context, and the saved checkpoints do not "
+        "fit it: the next reply in each conversation reads it from the start. (They are kept "
+        "on disk and serve again if you change these settings back.)"
+    ),
+}
+
+
+class SettingsDialog(QDialog):
+    def __init__(self, current: Settings, parent: QWidget | None = None) -> None:
+        super().__init__(parent)
+        self.setWindowTitle("Settings")
+        self._current = current
+        self._error: str | None = None
+
+        self.n_ctx = _spin(256, 1 << 20, current.n_ctx, " tokens", step=1024)
+        self.n_gpu_layers = _spin(GPU_LAYERS_FIT, MAX_GPU_LAYERS, current.n_gpu_layers, "")
+        self.n_gpu_layers.setSpecialValueText("all that fit")  # the minimum, GPU_LAYERS_FIT
+        self.n_gpu_layers.setToolTip(
+            "All that fit: as many layers as the GPU's free memory holds, as llama.cpp fits "
+            "them (none without a GPU). -1 offloads every layer; 0 runs on the CPU only. "
+            "Without a GPU build, Arbor falls back to the CPU and says so.")
+        self.n_threads = _spin(0, 512, current.n_threads, "")
+        self.n_threads.setSpecialValueText("automatic")
+        self.n_threads.setToolTip("Automatic: the physical cores less one, which wins when "
+                                  "anything else is running; all cores win only on an idle "
+                                  "machine.")
+        self.flash_attn = QComboBox()
+        for mode in FlashAttention:
+            self.flash_attn.addItem(mode.value, mode)
+        self.flash_attn.setCurrentIndex(list(FlashAttention).index(current.flash_attn))
+        self.type_k = _kv_box(current.type_k)
+        self.type_v = _kv_box(current.type_v)
+        self.rpc_workers = QLineEdit(", ".join(current.rpc_workers))
+        self.rpc_workers.setPlaceholderText("none: host:port, host:port")
+        self.rpc_workers.setToolTip(
+            "Other machines running `arbor-engine rpc-worker` take the model's layers. The "
+            "protocol has no authentication: trusted networks or an SSH tunnel only.")
+
+        self.ram_budget = _spin(0, 1 << 20, current.checkpoint_ram_mib, " MiB", step=256)
+        self.ram_budget.setSpecialValueText("automatic (an eighth of RAM)")
+        self.disk_tier = QCheckBox("Spill checkpoints to disk and keep them across restarts")
+        self.disk_tier.setChecked(current.disk_tier)
+        self.interval = _spin(64, 1 << 20, current.checkpoint_interval, " tokens", step=512)
+
+        self.temperature = QDoubleSpinBox(decimals=2, minimum=0.0, maximum=5.0, singleStep=0.05)
+        self.temperature.setValue(current.temperature)
+        self.temperature.setSpecialValueText("0 (greedy)")
+        self.top_p = QDoubleSpinBox(decimals=2, minimum=0.01, maximum=1.0, singleStep=0.05)
+        self.top_p.setValue(current.top_p)
+        self.seed = _spin(-1, 0x7FFFFFFF, -1 if current.seed is None else current.seed, "")
+        self.seed.setSpecialValueText("a new one for every reply")
+        self.max_tokens = _spin(1, 1 << 16, current.max_tokens, " tokens", step=128)
+        self.overflow = QComboBox()
+        for policy in Overflow:
+            self.overflow.addItem(policy.label, policy)
+        self.overflow.setCurrentIndex(list(Overflow).index(current.overflow))
+        self.overflow.setToolTip(OVERFLOW_TIP)
+
+        self.api_server = QCheckBox("Serve the loaded model to other programs on this computer")
+        self.api_server.setChecked(current.api_server)
+        self.api_server.setToolTip("An OpenAI-compatible API at http://127.0.0.1:PORT/v1 "
+                                   "(SillyTavern, Open WebUI, editors); its conversations "
+                                   "appear in the sidebar")
+        self.api_port = _spin(1, 65535, current.api_port, "")
+        self.api_key = QLineEdit(current.api_key)
+        self.api_key.setPlaceholderText("none (any program on this computer may connect)")
+
+        self.theme = QComboBox()
+        for theme in Theme:
+            self.theme.addItem(theme.value.capitalize(), theme)
+        self.theme.setCurrentIndex(list(Theme).index(current.theme))
+
+        engine = QFormLayout()
+        engine.addRow("Context size", self.n_ctx)
+        engine.addRow("GPU layers", self.n_gpu_layers)
+        engine.addRow("Threads", self.n_threads)
+        engine.addRow("Flash attention", self.flash_attn)
+        engine.addRow("K cache type", self.type_k)
+        engine.addRow("V cache type", self.type_v)
+        engine.addRow("Remote workers (llama.cpp RPC)", self.rpc_workers)
+        checkpoints = QFormLayout()
+        checkpoints.addRow("RAM budget", self.ram_budget)
+        checkpoints.addRow("Disk tier", self.disk_tier)
+        checkpoints.addRow("Interval", self.interval)
+        sampling = QFormLayout()
+        sampling.addRow("Temperature", self.temperature)
+        sampling.addRow("Top-p", self.top_p)
+        sampling.addRow("Seed", self.seed)
+        sampling.addRow("Longest reply", self.max_tokens)
+        sampling.addRow("When the context is full", self.overflow)
+        api = QFormLayout()
+        api.addRow("Local API", self.api_server)
+        api.addRow("Port", self.api_port)
+        api.addRow("API key", self.api_key)
+        look = QFormLayout()
+        look.addRow("Theme", self.theme)
+
+        self.effect_label = QLabel(wordWrap=True)
+        self.effect_label.setObjectName("settings-effect")
+        self.buttons = QDialogButtonBox(
+            QDialogButtonBox.StandardButton.Ok | QDialogButtonBox.StandardButton.Cancel
+        )
+        self.buttons.accepted.connect(self.accept)
+        self.buttons.rejected.connect(self.reject)
+
+        column = QVBoxLayout(self)
+        replies = "Replies (defaults: Ctrl+Shift+, gives a conversation its own)"
+        for title, form in (("Model and context", engine), ("Checkpoints", checkpoints),
+                            (replies, sampling), ("Local API server", api),
+                            ("Appearance", look)):
+            box = QGroupBox(title)
+            box.setLayout(form)
+            column.addWidget(box)
+        column.addWidget(self.effect_label)
+        column.addWidget(self.buttons)
+
+        for spin in (self.n_ctx, self.n_gpu_layers, self.n_threads, self.ram_budget,
+                     self.interval, self.seed, self.max_tokens, self.api_port):
+            spin.valueChanged.connect(self._update)
+        for double in (self.temperature, self.top_p):
+            double.valueChanged.connect(self._update)
+        for combo in (self.flash_attn, self.type_k, self.type_v, self.theme, self.overflow):
+            combo.currentIndexChanged.connect(self._update)
+        self.disk_tier.toggled.connect(self._update)
+        self.api_server.toggled.connect(self._update)
+        self.api_key.textChanged.connect(self._update)
+        self.rpc_workers.textChanged.connect(self._update)
+        self._update()
+
+    def chosen(self) -> Settings:
+        """The settings as edited. Raises SettingsError for a combination that cannot work."""
+        seed = self.seed.value()
+        return replace(
+            self._current,
+            n_ctx=self.n_ctx.value(),
+            n_gpu_layers=self.n_gpu_layers.value(),
+            n_threads=self.n_threads.value(),
+            flash_attn=self.flash_attn.currentData(),
+            type_k=self.type_k.currentData(),
+            type_v=self.type_v.currentData(),
+            checkpoint_ram_mib=self.ram_budget.value(),
+            disk_tier=self.disk_tier.isChecked(),
+            checkpoint_interval=self.interval.value(),
+            temperature=self.temperature.value(),
+            top_p=self.top_p.value(),
+            seed=None if seed < 0 else seed,
+            max_tokens=self.max_tokens.value(),
+            overflow=self.overflow.currentData(),
+            theme=self.theme.currentData(),
+            api_server=self.api_server.isChecked(),
+            api_port=self.api_port.value(),
+            api_key=self.api_key.text().strip(),
+            rpc_workers=tuple(w for w in self.rpc_workers.text().replace(",", " ").split()),
+        )
+
+    def effect(self) -> Effect | None:
+        """What applying costs; None while the form holds an impossible combination."""
+        try:
+            return effect_of(self._current, self.chosen())
+        except SettingsError:
+            return None
+
+    def _update(self) -> None:
+        ok = self.buttons.button(QDialogButtonBox.StandardButton.Ok)
+        try:
+            effect = effect_of(self._current, self.chosen())
+        except SettingsError as exc:
+            self.effect_label.setText(f"Cannot apply: {exc}.")
+            ok.setEnabled(False)
+            return
+        ok.setEnabled(True)
+        self.effect_label.setText(_EFFECT_TEXT[effect])
+
+
+def _spin(low: int, high: int, value: int, suffix: str, *, step: int = 1) -> QSpinBox:
+    spin = QSpinBox(minimum=low, maximum=high, singleStep=step, suffix=suffix)
+    spin.setValue(value)
+    spin.setAlignment(Qt.AlignmentFlag.AlignRight)
+    return spin
+
+
+def _kv_box(current: str) -> QComboBox:
+    box = QComboBox()
+    for name in KV_TYPE_NAMES:
+        box.addItem(name, name)
+    box.setCurrentIndex(list(KV_TYPE_NAMES).index(current))
+    return box

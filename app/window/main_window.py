@@ -1,0 +1,440 @@
+"""Arbor's main window: it lays out the parts and connects them, and decides nothing.
+
+- `ChatController` (app.state.controller): the open conversations and every operation on them,
+  through the Qt-free core; `Replies` (app.state.replies): the engine's side (the model, the reply
+  in progress, warm-ups) over an `EngineClient` (app.state.engine_client): the engine in a process
+  of its own, which owns llama.cpp.
+- `StatusArea` (app.window.status): every line about what the engine is doing.
+- `FileActions` (app.window.files) and `ModelSettings` (app.window.model_settings): the dialogs.
+- `app.look.actions`: every action's text, keys, icon, menu and when it is enabled.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+from PySide6.QtCore import QByteArray, QSettings, Qt, QUrl, Signal, Slot
+from PySide6.QtGui import QCloseEvent, QDesktopServices
+from PySide6.QtWidgets import (
+    QDialog,
+    QDockWidget,
+    QHBoxLayout,
+    QInputDialog,
+    QMainWindow,
+    QMessageBox,
+    QProgressBar,
+    QPushButton,
+    QSplitter,
+    QVBoxLayout,
+    QWidget,
+)
+
+from app.chat.chat_model import rows_from_tree
+from app.chat.chat_view import ChatView
+from app.chat.composer import Composer
+from app.dialogs.conversation_settings import ConversationSettingsDialog
+from app.look.actions import (
+    ACTIONS,
+    TOOLBAR,
+    Menu,
+    Scope,
+    When,
+    apply_icons,
+    make_actions,
+    shortcut_rows,
+    spec,
+)
+from app.look.icons import icon
+from app.look.theme import theme_events
+from app.state.api_server import AppApi
+from app.state.controller import ChatController
+from app.state.engine_client import EngineClient, ProcessEngine
+from app.tree.tree_panel import TreePanel, panel_nodes_from_tree
+from app.window.context_gauge import ContextGauge
+from app.window.files import FileActions
+from app.window.model_settings import ModelSettings
+from app.window.sidebar import Sidebar
+from app.window.status import StatusArea
+from engine.config.settings import Settings, load_settings
+from engine.core.tree import Tree
+from engine.files.paths import data_dirs
+from engine.storage.store import Store
+from engine.storage.transfer import FileFormat
+
+log = logging.getLogger(__name__)
+
+
+class MainWindow(QMainWindow):
+    # Emitted on the GUI thread once an engine result is applied (tests and other widgets
+    # wait on these).
+    reply_finished = Signal()
+    model_ready = Signal()
+    model_failed = Signal()
+    text_shown = Signal()
+    warmed = Signal(object)  # Warmed, once applied
+
+    def __init__(
+        self,
+        *,
+        store: Store | None = None,
+        settings: Settings | None = None,
+        engine: EngineClient | None = None,
+    ) -> None:
+        """`engine`: the app's is a `ProcessEngine` (the default); tests and the benchmark
+        may pass a `ThreadEngine`."""
+        super().__init__()
+        self.setWindowTitle("Arbor")
+        self.resize(1200, 800)
+        self.store = store or Store()
+        # The program passes the settings it loaded (and reported a bad file for).
+        settings = settings if settings is not None else load_settings().settings
+        self.engine = engine if engine is not None else ProcessEngine()
+        self.engine.setParent(self)
+        self.controller = ChatController(self.store, settings, self.engine, self)
+        self._models_declined: set[tuple[int, str]] = set()  # (conversation, model) said no
+        self.replies = self.controller.replies
+
+        self.sidebar = Sidebar()
+        self.chat = ChatView()
+        self.composer = Composer()
+        self.composer.setMaximumHeight(120)
+        self.send_button = QPushButton("Send")
+        self.tree_panel = TreePanel()
+        self.status = StatusArea(self.replies, self.statusBar())
+        self.progress_label = self.status.label
+        self.status_model = self.status.model_label
+        self.files = FileActions(self.controller, self.status, self)
+        self.models = ModelSettings(self.controller, self.status, self)
+        self.api = AppApi(self.controller, self)
+        self.context_bar = QProgressBar()
+        self.context_gauge = ContextGauge(self.controller, self.context_bar)
+        self.statusBar().addPermanentWidget(self.context_bar)
+        self._build_layout()
+        self.actions_by_name = make_actions(Scope.WINDOW, self, self._slots())
+        self._build_menus()
+        self._connect()
+        self._restore_geometry()
+        self.controller.open_first()
+        self.api.apply(settings)
+
+    # --- state the tests and the program read -----------------------------------------------
+
+    @property
+    def settings(self) -> Settings:
+        return self.controller.settings
+
+    @property
+    def current(self) -> int | None:
+        return self.controller.current
+
+    @property
+    def tree(self) -> Tree:
+        return self.controller.tree
+
+    # --- layout ------------------------------------------------------------------------------
+
+    def _build_layout(self) -> None:
+        row = QHBoxLayout()
+        row.addWidget(self.composer)
+        row.addWidget(self.send_button)
+        center = QWidget()
+        column = QVBoxLayout(center)
+        column.addWidget(self.chat, 1)
+        column.addWidget(self.status.label)
+        column.addWidget(self.status.progress)
+        column.addLayout(row)
+        self.splitter = QSplitter()
+        self.splitter.addWidget(self.sidebar)
+        self.splitter.addWidget(center)
+        self.splitter.setStretchFactor(1, 1)
+        self.splitter.setSizes([260, 940])
+        self.setCentralWidget(self.splitter)
+        self.tree_dock = QDockWidget("Conversation tree", self)
+        self.tree_dock.setObjectName("tree-dock")
+        self.tree_dock.setWidget(self.tree_panel)
+        self.addDockWidget(Qt.DockWidgetArea.RightDockWidgetArea, self.tree_dock)
+        self.resizeDocks([self.tree_dock], [260], Qt.Orientation.Horizontal)
+
+    def _slots(self) -> dict[str, Callable[[], object]]:
+        c, files, models = self.controller, self.files, self.models
+        return {
+            "new": c.new_conversation, "models": models.pick_model,
+            "open_model": models.open_model, "import": files.ask_import,
+            "export_native": lambda: files.ask_export(FileFormat.NATIVE),
+            "export_chatgpt": lambda: files.ask_export(FileFormat.CHATGPT),
+            "export_markdown": lambda: files.ask_export(FileFormat.MARKDOWN),
+            "settings": models.edit_settings, "quit": self.close, "undo": c.undo,
+            "stop": self.replies.stop, "continue": c.continue_reply,
+            "regenerate_last": c.regenerate, "system": self._system_prompt_dialog,
+            "conversation_settings": self._conversation_settings_dialog,
+            "rename": lambda: self._rename(c.current),
+            "delete_conversation": self._delete_current,
+            "tree": lambda: self.tree_dock.setVisible(self.actions_by_name["tree"].isChecked()),
+            "search": self._focus_search, "composer": self.composer.setFocus,
+            "messages": self.chat.setFocus, "tree_nodes": self._focus_tree,
+            "next_conversation": lambda: c.step_conversation(1),
+            "previous_conversation": lambda: c.step_conversation(-1),
+            "shortcuts": self._show_shortcuts,
+            "log_folder": self._open_log_folder,
+        }
+
+    def _build_menus(self) -> None:
+        actions = {**self.actions_by_name, **self.chat.actions_by_name}
+        menus = {menu: self.menuBar().addMenu(menu.value) for menu in Menu}
+        for item in ACTIONS:
+            if item.menu is None:
+                continue
+            if item.separator:
+                menus[item.menu].addSeparator()
+            menus[item.menu].addAction(actions[item.name])
+        toolbar = self.addToolBar("Main")
+        toolbar.setObjectName("main-toolbar")
+        for name in TOOLBAR:
+            if name is None:
+                toolbar.addSeparator()
+            else:
+                toolbar.addAction(actions[name])
+        self.tree_dock.visibilityChanged.connect(self.actions_by_name["tree"].setChecked)
+        self._apply_icons()
+        theme_events.changed.connect(self._apply_icons)
+        self._update_actions()
+
+    @Slot()
+    def _apply_icons(self) -> None:
+        apply_icons(self.actions_by_name)
+        apply_icons(self.chat.actions_by_name)
+        self._update_send_button()
+
+    def _connect(self) -> None:
+        c, r = self.controller, self.replies
+        self.models.settings_applied.connect(lambda: self.api.apply(c.settings))
+        self.api.changed.connect(lambda: self.status.show_api(self.api.url, self.api.problem))
+        self.sidebar.opened.connect(c.open_conversation)
+        self.sidebar.new_requested.connect(c.new_conversation)
+        self.sidebar.rename_requested.connect(self._rename)
+        self.sidebar.delete_requested.connect(c.delete_conversation)
+        self.sidebar.search_changed.connect(self._refresh_sidebar)
+        self.composer.submitted.connect(self._send)
+        self.composer.stop_requested.connect(r.stop)
+        self.send_button.clicked.connect(self._on_send_clicked)
+        self.chat.variant_requested.connect(c.switch_variant)
+        self.chat.edit_submitted.connect(c.edit)
+        self.chat.edit_started.connect(r.start_editing)
+        self.chat.edit_cancelled.connect(self._on_edit_cancelled)
+        self.chat.regenerate_requested.connect(c.regenerate)
+        self.chat.rewind_requested.connect(self._rewind)
+        self.chat.fork_requested.connect(c.fork)
+        self.chat.delete_requested.connect(c.delete_branch)
+        self.tree_panel.node_clicked.connect(c.activate_node)
+        c.changed.connect(self._refresh_views)
+        c.listed.connect(self._refresh_sidebar)
+        c.focus_node.connect(self.chat.show_node)
+        self.chat.notice.connect(self.status.message)
+        c.notice.connect(self.status.message)
+        c.error.connect(self._show_error)
+        c.model_wanted.connect(self._offer_model)
+        r.model_ready.connect(self.model_ready)
+        r.model_failed.connect(self._on_model_failed)
+        r.streaming_changed.connect(self._on_streaming_changed)
+        r.piece_shown.connect(self._on_piece_shown)
+        r.reply_finished.connect(self.reply_finished)
+        r.reply_failed.connect(self._on_reply_failed)
+        r.warmed.connect(self.warmed)
+        r.engine_lost.connect(self._show_error)
+
+    # --- what the window shows ---------------------------------------------------------------
+
+    @Slot()
+    def _refresh_views(self) -> None:
+        c = self.controller
+        if c.current is None or c.current not in c.conversations:
+            return
+        tree = c.tree
+        marks = self.replies.marks.get(c.current, {})
+        self.chat.model().set_rows(rows_from_tree(tree, marks), c.current)
+        self.tree_panel.set_tree(panel_nodes_from_tree(tree, marks),
+                                 [n.id for n in tree.active_path()])
+        self._update_actions()
+        self.replies.schedule_warm()
+
+    @Slot()
+    def _refresh_sidebar(self, query: str | None = None) -> None:
+        conversations, hits = self.controller.listing(
+            self.sidebar.search.text() if query is None else query)
+        self.sidebar.show_conversations(conversations, self.controller.current, hits)
+
+    @Slot()
+    def _on_streaming_changed(self) -> None:
+        streaming = self.replies.streaming
+        self.sidebar.set_generating(streaming.conversation_id if streaming else None)
+        self._update_send_button()
+        self._update_actions()
+
+    def _update_send_button(self) -> None:
+        streaming = self.replies.streaming is not None
+        self.send_button.setText("Stop" if streaming else "Send")
+        self.send_button.setIcon(icon("stop" if streaming else "send"))
+
+    def _update_actions(self) -> None:
+        state = {When.ALWAYS: True, When.CAN_UNDO: self.controller.can_undo,
+                 When.ANSWERING: self.replies.streaming is not None,
+                 When.IDLE: self.replies.streaming is None and self.replies.model is not None}
+        for name, action in self.actions_by_name.items():
+            action.setEnabled(state[spec(name).when])
+
+    @Slot(int, str, str)
+    def _on_piece_shown(self, node_id: int, text: str, status: str, opened: bool) -> None:
+        self.chat.model().update_text(node_id, text, status, opened)
+        self.text_shown.emit()
+
+    @Slot(str)
+    def _show_error(self, message: str) -> None:
+        QMessageBox.warning(self, "Arbor", message)
+
+    @Slot(str)
+    def _on_model_failed(self, message: str) -> None:
+        QMessageBox.warning(self, "Arbor", f"The model could not be loaded.\n\n{message}")
+        self.model_failed.emit()
+
+    @Slot(str)
+    def _on_reply_failed(self, message: str) -> None:
+        if message:
+            QMessageBox.warning(self, "Arbor", message)
+
+    # --- small interactions ------------------------------------------------------------------
+
+    @Slot(str)
+    def _send(self, text: str) -> None:
+        if self.controller.send(text):
+            self.composer.clear()
+
+    @Slot()
+    def _on_send_clicked(self) -> None:
+        if self.replies.streaming is not None:
+            self.replies.stop()
+        elif text := self.composer.toPlainText().strip():
+            self._send(text)
+
+    @Slot(int)
+    def _rewind(self, node_id: int) -> None:
+        self.controller.rewind(node_id)
+        self.composer.setFocus()
+
+    @Slot(int)
+    def _on_edit_cancelled(self, _node_id: int) -> None:
+        self.replies.editing = None
+
+    @Slot(int)
+    def _rename(self, conversation_id: int | None) -> None:
+        if conversation_id is None:
+            return
+        title, ok = QInputDialog.getText(self, "Rename", "Title:")
+        if ok:
+            self.controller.rename(conversation_id, title)
+
+    def _delete_current(self) -> None:
+        if self.controller.current is not None:
+            self.controller.delete_conversation(self.controller.current)
+
+    def _system_prompt_dialog(self) -> None:
+        if self.controller.current is None:
+            return
+        text, ok = QInputDialog.getMultiLineText(
+            self, "System prompt", "Instructions for the model in this conversation "
+            "(empty: the model's own default):", self.tree.root.text)
+        if ok:
+            self.controller.set_system_prompt(text.strip())
+
+    def _conversation_settings_dialog(self) -> None:
+        if self.controller.current is None:
+            return
+        dialog = ConversationSettingsDialog(self.controller.overrides(), self.settings,
+                                            self.replies.model_path, self)
+        if dialog.exec() == QDialog.DialogCode.Accepted:
+            chosen = dialog.chosen()
+            if self.controller.set_overrides(chosen) and chosen.model is not None \
+                    and chosen.model != self.replies.model_path:
+                self._offer_model(chosen.model)
+
+    @Slot(str)
+    def _offer_model(self, path: str) -> None:
+        """The conversation was set to another model than the loaded one: offer to load it
+        (once per conversation and session, if the user says no)."""
+        cid = self.controller.current
+        if cid is None or (cid, path) in self._models_declined:
+            return
+        name = Path(path).name
+        if not Path(path).is_file():
+            self.statusBar().showMessage(
+                f"This conversation was set to {name}, which is not there any more; the "
+                "loaded model answers.", 8000)
+            return
+        answer = QMessageBox.question(
+            self, "Load this conversation's model?",
+            f"This conversation uses {name}. Load it now? Loading takes a few seconds; the "
+            "other conversations then answer with it too until another model is loaded, and "
+            "each model's checkpoints are kept apart (none is lost).")
+        if answer == QMessageBox.StandardButton.Yes:
+            self.models.load_model(path)
+        else:
+            self._models_declined.add((cid, path))
+
+    def _focus_tree(self) -> None:
+        self.tree_dock.setVisible(True)
+        self.tree_panel.setFocus()
+
+    def _focus_search(self) -> None:
+        self.sidebar.search.setFocus()
+        self.sidebar.search.selectAll()
+
+    def shortcut_table(self) -> list[tuple[str, str]]:
+        """(action, keys) for every action with a shortcut, in menu order."""
+        return shortcut_rows()
+
+    def _show_shortcuts(self) -> None:
+        rows = "".join(f"<tr><td>{name}</td><td><b>{keys}</b></td></tr>"
+                       for name, keys in self.shortcut_table())
+        box = QMessageBox(QMessageBox.Icon.NoIcon, "Keyboard shortcuts",
+                          f"<table cellspacing='6'>{rows}</table>", parent=self)
+        box.exec()
+        box.deleteLater()
+
+    # --- lifetime ----------------------------------------------------------------------------
+
+    def _window_ini(self) -> QSettings:
+        return QSettings(str(data_dirs().config / "window.ini"), QSettings.Format.IniFormat)
+
+    def _restore_geometry(self) -> None:
+        settings = self._window_ini()
+        for key, restore in (("geometry", self.restoreGeometry), ("state", self.restoreState),
+                             ("splitter", self.splitter.restoreState)):
+            value = settings.value(key)
+            if isinstance(value, QByteArray):
+                restore(value)
+
+    def _open_log_folder(self) -> None:
+        folder = data_dirs().logs
+        folder.mkdir(parents=True, exist_ok=True)
+        if not QDesktopServices.openUrl(QUrl.fromLocalFile(str(folder))):
+            self.status.message(f"The logs are in {folder}", 15_000)
+
+    def closeEvent(self, event: QCloseEvent) -> None:
+        if not self.engine.running:  # closed before: everything is released
+            super().closeEvent(event)
+            return
+        settings = self._window_ini()
+        settings.setValue("geometry", self.saveGeometry())
+        settings.setValue("state", self.saveState())
+        settings.setValue("splitter", self.splitter.saveState())
+        streaming = self.replies.streaming
+        if streaming is not None:  # saved as interrupted: it can be continued next time
+            self.replies.interrupt(streaming)
+            self.replies.streaming = None
+        self.api.stop()  # its clients get an error; its replies stop
+        # Stop (at most a chunk or a token), free the model on its own thread, end it.
+        self.engine.shutdown()
+        self.files.shutdown()  # before the store closes: an abandoned parse commits nothing
+        self.store.close()
+        super().closeEvent(event)

@@ -1,0 +1,189 @@
+"""Render the main window with sample conversations into PNGs for the README: a branching
+conversation in the light and the dark theme (main-window, main-window-dark) and a reply with
+highlighted code blocks (code-blocks), a reasoning model's replies, one with its reasoning
+folded and one unfolded (reasoning), and a conversation longer than its context, its oldest
+messages left out, with the context gauge (context).
+
+    QT_QPA_PLATFORM=offscreen .venv/bin/python -m app.window.screenshots resources/screenshots
+    QT_QPA_PLATFORM=offscreen .venv/bin/python -m app.window.screenshots resources/screenshots
+    code-blocks
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+CONTEXT_SHOT_N_CTX = 512
+CONTEXT_SHOT_REPLY = 64  # the longest reply, so the room kept for one
+
+SAMPLE = [
+    ("user", "What makes oak trees live so long?"),
+    ("assistant", "Oaks grow slowly and build **dense, decay-resistant wood**. They also:\n\n"
+                  "- shed damaged limbs instead of rotting from them,\n"
+                  "- keep deep roots that reach water in droughts,\n"
+                  "- make tannins that deter insects and fungi."),
+    ("user", "How deep do the roots go?"),
+    ("assistant", "Usually within the top metre, spreading wide; a taproot can reach "
+                  "`4-5 m` in young trees."),
+]
+
+CODE_SAMPLE = [
+    ("user", "How do I read a CSV file into dictionaries in Python?"),
+    ("assistant", "Use `csv.DictReader`: each row comes back as a `dict` keyed by the header.\n\n"
+                  "```python\nimport csv\nfrom pathlib import Path\n\n\n"
+                  "def read_rows(path: Path) -> list[dict[str, str]]:\n"
+                  "    \"\"\"Every row of a CSV file, keyed by its header.\"\"\"\n"
+                  "    with path.open(newline=\"\", encoding=\"utf-8\") as f:\n"
+                  "        return list(csv.DictReader(f))  # the header is the first row\n\n\n"
+                  "rows = read_rows(Path(\"trees.csv\"))\n"
+                  "print(len(rows), rows[0][\"species\"])\n```\n\n"
+                  "To check the file first:\n\n"
+                  "```bash\nhead -n 3 trees.csv | column -s, -t\n```"),
+]
+REASONING_SAMPLE = [
+    ("user", "Is 221 a prime number?"),
+    ("assistant", "<think>\nI should try the primes up to the square root of 221, which is a "
+                  "little under 15: 2, 3, 5, 7, 11 and 13. It is odd, so not 2. Its digits add "
+                  "up to 5, so not 3. It does not end in 0 or 5. 7 times 31 is 217, remainder "
+                  "4. 11 times 20 is 220, remainder 1. 13 times 17 is 221. So it is not prime."
+                  "\n</think>\n\nNo: **221 = 13 \u00d7 17**, so it is not prime."),
+    ("user", "And 223?"),
+    ("assistant", "<think>\nThe square root of 223 is just under 15, so again the primes up to "
+                  "13. 223 is odd; its digits add up to 7, so 3 does not divide it; it does "
+                  "not end in 0 or 5. 7 \u00d7 31 = 217, remainder 6. "
+                  "11 \u00d7 20 = 220, remainder 3. "
+                  "13 \u00d7 17 = 221, remainder 2. No divisor, so 223 is prime.\n</think>\n\n"
+                  "Yes, **223 is prime**: none of 2, 3, 5, 7, 11 or 13 divides it, and "
+                  "15 \u00d7 15 is already larger."),
+]
+LONG_SAMPLE = [
+    ("user", "Where does the Danube begin, and which countries does it flow through?"),
+    ("assistant", "It begins in the **Black Forest** in Germany, where two streams, the Breg "
+                  "and the Brigach, meet at Donaueschingen. From there it runs east for about "
+                  "2,850 km through ten countries: Germany, Austria, Slovakia, Hungary, "
+                  "Croatia, Serbia, Romania, Bulgaria, Moldova and Ukraine, more than any "
+                  "other river in the world, before it reaches the Black Sea."),
+    ("user", "Which capitals stand on it?"),
+    ("assistant", "Four: **Vienna**, **Bratislava**, **Budapest** and **Belgrade**. "
+                  "Bratislava and Vienna are the two closest capitals in Europe, about 55 km "
+                  "apart, and both grew up around crossings of the river. Budapest was two "
+                  "towns, Buda and Pest, on either bank until 1873."),
+    ("user", "How do ships get past the Iron Gates?"),
+    ("assistant", "Through the locks of two dams, **Iron Gate I** and **Iron Gate II**, built "
+                  "by Romania and Yugoslavia in the 1970s and 1980s. Before the dams the gorge "
+                  "was one of the most dangerous stretches of river in Europe: rapids, rocks "
+                  "and whirlpools, and a canal with a railway that towed ships upstream."),
+    ("user", "What lives in the delta?"),
+    ("assistant", "More than 300 species of birds, among them the largest colony of **white "
+                  "pelicans** in Europe, and about 45 species of freshwater fish. The reed beds "
+                  "are among the largest on Earth, and the whole delta is a UNESCO World "
+                  "Heritage Site and a biosphere reserve."),
+    ("user", "Is the delta growing or shrinking?"),
+    ("assistant", "Mostly **shrinking** at its sea front: the dams upstream hold back much of "
+                  "the sediment the river used to carry, so the waves now take more of the "
+                  "coast than the river brings. Some arms, like the Chilia, still push new "
+                  "land into the sea."),
+]
+SHOTS = ("main-window", "code-blocks", "reasoning", "context")
+
+
+def main(argv: list[str]) -> int:
+    out = Path(argv[0] if argv else "resources/screenshots")
+    shots = argv[1:] or list(SHOTS)
+    unknown = sorted(set(shots) - set(SHOTS))
+    if unknown:
+        raise SystemExit(f"unknown screenshots {unknown}; these exist: {', '.join(SHOTS)}")
+    out.mkdir(parents=True, exist_ok=True)
+    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
+    os.environ["ARBOR_HOME"] = tempfile.mkdtemp(prefix="arbor-shots-")
+    from PySide6.QtCore import QEventLoop, QTimer
+    from PySide6.QtWidgets import QAbstractItemView, QApplication
+
+    from app.look.theme import apply_theme
+    from app.window.context_gauge import branch_fill
+    from app.window.main_window import MainWindow
+    from engine.config.overrides import Overrides
+    from engine.config.settings import Settings, Theme
+    from engine.core.overflow import Overflow
+    from engine.core.results import LEFT_OUT
+    from engine.core.tree import Role, Tree
+    from engine.models.files import default_model_path
+    from engine.storage.store import Store
+
+    app = QApplication(sys.argv[:1])
+    apply_theme(app, Theme.LIGHT)
+    tree = Tree("You are a concise botanist.")
+    for role, text in SAMPLE:
+        tree.add_child(tree.active_leaf, Role(role), text)
+    tree.add_sibling(tree.message(2).id, "How tall can an oak grow?")
+    tree.add_child(tree.active_leaf, Role.ASSISTANT, "Most reach 20-30 m; a few exceed 40 m.")
+    tree.switch_variant(tree.message(2).id, 0)
+    store = Store()
+    code = Tree("You are a helpful programmer.")
+    for role, text in CODE_SAMPLE:
+        code.add_child(code.active_leaf, Role(role), text)
+    code_id = store.create(code, title="Reading a CSV in Python")
+    reasoning = Tree("")
+    for role, text in REASONING_SAMPLE:
+        reasoning.add_child(reasoning.active_leaf, Role(role), text)
+    reasoning_id = store.create(reasoning, title="Is 221 prime?")
+    long = Tree("You are a geographer.")
+    for role, text in LONG_SAMPLE:
+        long.add_child(long.active_leaf, Role(role), text)
+    # The last reply left out what the gauge's own cut leaves out of the path it answered.
+    left_out = branch_fill(long.active_path()[:-1], CONTEXT_SHOT_N_CTX,
+                           overflow=Overflow.DROP_OLDEST, max_tokens=CONTEXT_SHOT_REPLY).dropped
+    long.node(long.active_leaf).meta[LEFT_OUT] = left_out
+    long_id = store.create(long, title="The Danube, source to delta")
+    store.set_settings(long_id, Overrides(overflow=Overflow.DROP_OLDEST).write({}))
+    store.create(tree, title="Why oaks live long")
+    # A small context, so that the long conversation outgrows it (the "context" shot).
+    window = MainWindow(store=store, settings=Settings(n_ctx=CONTEXT_SHOT_N_CTX,
+                                                       max_tokens=CONTEXT_SHOT_REPLY))
+    window.resize(1280, 760)
+    window.show()
+    loop = QEventLoop()
+    window.model_ready.connect(loop.quit)
+    QTimer.singleShot(60_000, loop.quit)
+    window.models.load_model(str(default_model_path()))
+    loop.exec()
+    app.processEvents()
+    saved: list[Path] = []
+
+    def shoot(name: str) -> None:
+        app.processEvents()
+        window.grab().save(str(out / f"{name}.png"))
+        saved.append(out / f"{name}.png")
+
+    def open_light(conversation_id: int) -> None:
+        apply_theme(app, Theme.LIGHT)
+        window.controller.open_conversation(conversation_id)
+        app.processEvents()
+
+    if "main-window" in shots:
+        shoot("main-window")
+        apply_theme(app, Theme.DARK)
+        shoot("main-window-dark")
+    if "code-blocks" in shots:
+        open_light(code_id)
+        shoot("code-blocks")
+    if "reasoning" in shots:
+        open_light(reasoning_id)
+        window.chat.toggle_reasoning(window.chat.model().rows()[-1].node_id)  # one unfolded
+        window.chat.scroll_to_end()
+        shoot("reasoning")
+    if "context" in shots:
+        open_light(long_id)
+        window.chat.scrollTo(window.chat.model().index(left_out),
+                             QAbstractItemView.ScrollHint.PositionAtCenter)
+        shoot("context")
+    window.close()
+    print(*saved)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

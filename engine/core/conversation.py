@@ -1,0 +1,249 @@
+"""Every operation a user applies to a conversation, once, without Qt and without a model.
+
+`Conversation` wraps one tree. Each operation changes the tree and returns a `Change`: the
+nodes to persist, the ids deleted, and, where the model must answer, a `ReplyJob` saying what
+to answer. Running the job (prepare, generate, finish) is the engine's business
+(`engine.service.session.Session` on one thread; the window hands it to its engine thread). Undo of
+a
+deleted branch lives here too, so every front end undoes the same way.
+"""
+
+from __future__ import annotations
+
+import secrets
+from dataclasses import dataclass, field
+
+from engine.core.reasoning import OPENED, is_opened
+from engine.core.results import LEFT_OUT, FinishReason, Rendered, ReplyResult
+from engine.core.tree import Node, NodeStatus, Role, Tree, TreeError
+
+
+@dataclass(frozen=True)
+class ReplyJob:
+    """The model must answer `parent` (a user message): a new reply, or more of `resume`."""
+
+    parent: int
+    resume: int | None = None
+
+
+@dataclass(frozen=True)
+class DeletedBranch:
+    """What `undo` needs to put a deleted branch back."""
+
+    nodes: tuple[Node, ...]  # the branch's top first, parents before children
+    position: int  # among its parent's children
+    leaf: int  # the active leaf before the delete
+
+
+@dataclass(frozen=True)
+class Change:
+    nodes: tuple[Node, ...] = ()  # to persist (new or changed)
+    deleted: tuple[int, ...] = ()
+    reply: ReplyJob | None = None
+    undo: DeletedBranch | None = None  # a delete: how to take it back
+
+
+@dataclass(frozen=True)
+class ReplyStart:
+    """A reply job under way: the reply node (streaming, to persist now), what to prepare."""
+
+    reply: Node
+    path: tuple[Node, ...]  # root .. the message being answered
+    resume: Node | None  # the reply being continued, or None for a new one
+    was: NodeStatus  # the continued reply's status before, to put back if nothing comes
+    was_text: str = ""  # the continued reply's text before
+
+
+@dataclass
+class Conversation:
+    tree: Tree
+    _undo: list[DeletedBranch] = field(default_factory=list)
+    replies: int = 0  # reply jobs seeded so far (see reply_seed)
+
+    def reply_seed(self, base: int | None) -> int:
+        """The sampling seed of the next reply job. With a base seed the n-th reply of this
+        conversation gets base + n: reproducible, and a regenerate still differs. Without one,
+        a fresh seed each time. Every front end seeds through here."""
+        ordinal, self.replies = self.replies, self.replies + 1
+        if base is None:
+            return secrets.randbelow(0x7FFFFFFF)
+        return (base + ordinal) & 0x7FFFFFFF
+
+    # --- messages -------------------------------------------------------------------------
+
+    def send(self, text: str) -> Change:
+        """A user message at the active leaf, to be answered."""
+        message = self.tree.add_child(self.tree.active_leaf, Role.USER, text)
+        return Change(nodes=(message,), reply=ReplyJob(message.id))
+
+    def edit(self, node_id: int, text: str) -> Change:
+        """A new version of a message beside the old one. A user message gets a reply; an
+        assistant message just takes the text (and follows the same prompt: if that opened
+        the reasoning, the new text starts inside it too)."""
+        old = self.tree.node(node_id)
+        if old.role is Role.SYSTEM:
+            raise TreeError("the system prompt is not a message; set it with `system`")
+        new = self.tree.add_sibling(node_id, text)
+        if old.role is Role.ASSISTANT and is_opened(old.meta):
+            new.meta[OPENED] = True
+        return Change(nodes=(new,), reply=ReplyJob(new.id) if new.role is Role.USER else None)
+
+    def regenerate(self, node_id: int | None = None) -> Change:
+        """A new version of any reply (or a reply to a user message); None: the active
+        path's last message. The old versions stay."""
+        node = self.tree.node(self.tree.active_leaf if node_id is None else node_id)
+        parent = node.parent if node.role is Role.ASSISTANT else node.id
+        if node.role is Role.SYSTEM or parent is None:
+            raise TreeError("there is no message to regenerate a reply to")
+        if self.tree.node(parent).role is not Role.USER:
+            raise TreeError("only a reply to a user message can be regenerated")
+        self.tree.set_active(parent)
+        return Change(reply=ReplyJob(parent))
+
+    def continue_reply(self, node_id: int | None = None) -> Change:
+        """More of a reply (an interrupted one, typically); None: the active leaf. A user
+        message at the active leaf (after a rewind) gets its first reply."""
+        node = self.tree.node(self.tree.active_leaf if node_id is None else node_id)
+        if node.role is Role.USER:
+            self.tree.set_active(node.id)
+            return Change(reply=ReplyJob(node.id))
+        if node.role is not Role.ASSISTANT or node.parent is None:
+            raise TreeError("only a reply can be continued")
+        self.tree.set_active(node.id)
+        return Change(reply=ReplyJob(node.parent, resume=node.id))
+
+    def set_system(self, text: str) -> Change:
+        """The conversation's system prompt. The root is rendered again for the next reply;
+        later messages keep their tokens (DESIGN.md, "Tokens belong to nodes")."""
+        root = self.tree.root
+        if root.text == text:
+            return Change()
+        root.text = text
+        root.tokens = None
+        return Change(nodes=(root,))
+
+    # --- a reply's lifetime (the model's half runs in engine.llm.reply) -------------------------
+
+    def start_reply(self, job: ReplyJob) -> ReplyStart:
+        """The reply exists, streaming, before its prompt is prepared: persist it, then run
+        the job on `path` (and `resume`)."""
+        path = tuple(self.tree.path_to(job.parent))
+        if job.resume is None:
+            reply = self.tree.add_child(job.parent, Role.ASSISTANT, "",
+                                        status=NodeStatus.STREAMING)
+            return ReplyStart(reply, path, None, NodeStatus.STREAMING)
+        resume = self.tree.node(job.resume)
+        was, resume.status = resume.status, NodeStatus.STREAMING
+        return ReplyStart(resume, path, resume, was, resume.text)
+
+    def finish_reply(self, reply_id: int, result: ReplyResult) -> Change:
+        """A reply came back: its text, tokens and status; path nodes rendered for it keep
+        their tokens. A stopped reply that said nothing leaves no empty node behind."""
+        changed = self.adopt_tokens(result.rendered)
+        reply = self.tree.node(reply_id)
+        if result.finish is FinishReason.CANCELLED and not result.text:
+            return Change(nodes=tuple(changed), deleted=tuple(self.tree.delete_branch(reply_id)))
+        reply.text = result.text
+        reply.tokens = result.tokens
+        reply.meta.pop(LEFT_OUT, None)  # what this run read, not an earlier one
+        reply.meta.update(dict(result.meta))
+        reply.meta["finish"] = result.finish.value
+        reply.status = (NodeStatus.INTERRUPTED if result.finish is FinishReason.CANCELLED
+                        else NodeStatus.COMPLETE)
+        return Change(nodes=(*changed, reply))
+
+    def fail_reply(self, start: ReplyStart) -> Change:
+        """A reply that failed or was stopped before it finished: kept as interrupted if it
+        says anything (it can be continued), else taken back (a continued reply gets its old
+        status again)."""
+        reply = start.reply
+        if reply.id not in self.tree:
+            return Change()
+        if start.resume is None and not reply.text:
+            return Change(deleted=tuple(self.tree.delete_branch(reply.id)))
+        reply.status = start.was if reply.text == start.was_text else NodeStatus.INTERRUPTED
+        return Change(nodes=(reply,))
+
+    def adopt_tokens(self, rendered: Rendered) -> list[Node]:
+        """Nodes that still have no tokens take the ones the engine rendered for them (the
+        prefix of a path never changes after that); all of them are returned, to persist (an
+        engine on this thread has set them in place already)."""
+        changed: list[Node] = []
+        for node_id, tokens in rendered:
+            node = self.tree.node(node_id) if node_id in self.tree else None
+            if node is not None and node.tokens in (None, tokens):  # set in place, or not yet
+                node.tokens = tokens
+                changed.append(node)
+        return changed
+
+    def warm_path(self, editing: int | None = None) -> list[Node]:
+        """What the next prompt will most likely start with, to prepare while the user reads:
+        the parent of the message being edited, or the active branch (its last reply is then
+        decoded again in one batch). Nothing when the branch ends in an unfinished reply (it
+        is continued from its own open tokens)."""
+        if editing is not None and editing in self.tree:
+            parent = self.tree.node(editing).parent
+            return self.tree.path_to(parent) if parent is not None else []
+        path = self.tree.active_path()
+        if any(node.status is not NodeStatus.COMPLETE for node in path):
+            return []
+        return path
+
+    # --- navigation -------------------------------------------------------------------------
+
+    def rewind(self, node_id: int) -> Change:
+        self.tree.rewind(node_id)
+        return Change()
+
+    def switch(self, node_id: int, variant: int) -> Change:
+        self.tree.switch_variant(node_id, variant)
+        return Change()
+
+    def activate(self, node_id: int) -> Change:
+        """As a click in the tree panel: the node's branch, followed to its last-active leaf."""
+        self.tree.set_active(self.tree.follow_last_active(node_id))
+        return Change()
+
+    # --- structure --------------------------------------------------------------------------
+
+    def delete_branch(self, node_id: int) -> Change:
+        """Remove a message and everything after it; `undo` brings it back."""
+        node = self.tree.node(node_id)
+        if node.parent is None:
+            raise TreeError("the system prompt cannot be deleted")
+        position = self.tree.node(node.parent).children.index(node_id)
+        leaf = self.tree.active_leaf
+        kept = tuple(self.tree.node(i) for i in self.tree.subtree(node_id))
+        removed = self.tree.delete_branch(node_id)
+        branch = DeletedBranch(kept, position, leaf)
+        self._undo.append(branch)
+        return Change(deleted=tuple(removed), undo=branch)
+
+    @property
+    def can_undo(self) -> bool:
+        return bool(self._undo)
+
+    def undo(self) -> Change:
+        """Put the last deleted branch back: same ids, same place, same active leaf."""
+        if not self._undo:
+            raise TreeError("there is nothing to undo")
+        return self.restore(self._undo[-1])
+
+    def restore(self, branch: DeletedBranch) -> Change:
+        """Put a deleted branch back (a front end with an undo stack of its own calls this
+        with the `Change.undo` of the delete)."""
+        self.tree.reinsert(list(branch.nodes), branch.position, active_leaf=branch.leaf)
+        if branch in self._undo:
+            self._undo.remove(branch)
+        return Change(nodes=branch.nodes)
+
+    def fork(self, node_id: int) -> Tree:
+        """A new conversation holding the path from the root to `node_id`, tokens and all
+        (so its prefix, and the checkpoints of it, are the same)."""
+        path = self.tree.path_to(node_id)
+        tree = Tree(path[0].text)
+        tree.root.tokens = path[0].tokens
+        for node in path[1:]:
+            copy = tree.add_child(tree.active_leaf, node.role, node.text, status=node.status)
+            copy.tokens, copy.created, copy.meta = node.tokens, node.created, dict(node.meta)
+        return tree

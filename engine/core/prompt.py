@@ -1,0 +1,586 @@
+"""Turning a path of the tree into tokens, node by node, with the model's own chat template.
+
+Each node keeps the tokens it was first rendered to (DESIGN.md, "Tokens belong to nodes"): a
+node's slice is what the template adds when that node is appended to its ancestors. A path's
+tokens are its nodes' tokens plus the generation prompt, so a path's prefix never changes when
+the conversation grows, whatever the template does to earlier turns.
+
+A reply is the one node a template may render differently once the conversation goes on
+(Qwen3's drops the reasoning of every reply before the last user message). Its tokens are fixed
+as the template renders it in those later turns, so a follow-up reads what the template would
+render for the whole conversation, and its prefix is still the stored path. A reply the template
+renders alike either way keeps what the model read and wrote.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Protocol
+
+import jinja2
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from engine.core.errors import ArborError, Cancelled
+from engine.core.tree import Node, Role
+
+log = logging.getLogger(__name__)
+
+# The ChatML format most small chat models speak, as Jinja (for tests of the Jinja path).
+CHATML_TEMPLATE = (
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + "
+    "message['content'] + '<|im_end|>' + '\n'}}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+_SENTINEL = "\u2063ARBOR-SENTINEL\u2063"
+_FRAME = "\u2063ARBOR-FRAME\u2063"  # a message's content while learning its frame
+# Untokenized nodes from which one rendering of the path is cut up (`_Tiling`) rather
+# than each node rendered after its ancestors.
+TILE_FROM = 6
+_KEPT_RENDERS = 4
+CancelFn = Callable[[], bool]
+
+
+class TemplateError(ArborError):
+    """The model's chat template failed to render the conversation."""
+
+
+class ChatTemplate:
+    """A Jinja chat template rendered the way Hugging Face tokenizers render it."""
+
+    def __init__(self, source: str, *, bos_text: str = "", eos_text: str = "") -> None:
+        env = ImmutableSandboxedEnvironment(
+            trim_blocks=True, lstrip_blocks=True, undefined=jinja2.ChainableUndefined
+        )
+        env.globals["raise_exception"] = _raise_template_exception
+        env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
+        try:
+            self._template = env.from_string(source)
+        except jinja2.TemplateError as exc:
+            raise TemplateError(f"the model's chat template is invalid: {exc}") from exc
+        self.source = source
+        self._bos_text = bos_text
+        self._eos_text = eos_text
+
+    def render(self, messages: Sequence[dict[str, str]], *, add_generation_prompt: bool) -> str:
+        try:
+            return self._template.render(
+                messages=list(messages),
+                add_generation_prompt=add_generation_prompt,
+                bos_token=self._bos_text,
+                eos_token=self._eos_text,
+            )
+        except TemplateError:
+            raise
+        except Exception as exc:  # a template may fail in many ways on unexpected input
+            raise TemplateError(f"the model's chat template failed: {exc}") from exc
+
+
+class Template(Protocol):
+    """Renders a list of messages to the prompt text."""
+
+    def render(
+        self, messages: Sequence[dict[str, str]], *, add_generation_prompt: bool
+    ) -> str: ...
+
+
+ApplyFn = Callable[..., str]  # (name, messages, *, add_generation_prompt) -> text
+
+
+class BuiltinTemplate:
+    """One of llama.cpp's built-in templates, by name (see `engine.core.templates`)."""
+
+    def __init__(self, name: str, apply: ApplyFn) -> None:
+        self.name = name
+        self._apply = apply
+
+    def render(self, messages: Sequence[dict[str, str]], *, add_generation_prompt: bool) -> str:
+        try:
+            return self._apply(self.name, messages, add_generation_prompt=add_generation_prompt)
+        except ValueError as exc:
+            raise TemplateError(str(exc)) from exc
+
+
+def _raise_template_exception(message: str) -> None:
+    raise TemplateError(f"the model's chat template refused the conversation: {message}")
+
+
+@dataclass(frozen=True)
+class Tokenizer:
+    """The two calls prompt building needs from a loaded model."""
+
+    tokenize: Callable[[str], list[int]]  # text with special tokens parsed, no BOS added
+    bos: int | None  # the BOS token to put first, when the model wants one
+
+
+class PromptBuilder:
+    """Renders nodes into tokens and assembles the target sequence for a generation."""
+
+    def __init__(self, template: Template, tokenizer: Tokenizer) -> None:
+        self._template = template
+        self._tok = tokenizer
+        # The last few renderings while `ensure_tokens` runs: a node's "before" is the
+        # previous node's "after". Only a few are kept: each may be as long as the path.
+        self._renders: OrderedDict[tuple[tuple[str, str], ...], str] | None = None
+        self._reply_frame = self._find_reply_frame()
+        self._reply_opening = self._find_reply_opening()
+
+    # --- node tokens -------------------------------------------------------------------
+
+    def ensure_tokens(
+        self, path: Sequence[Node], *, cancel: CancelFn | None = None, limit: int | None = None
+    ) -> bool:
+        """Give every node of `path` that has none its tokens (its slice of the template).
+
+        Many nodes at once (an API request, an imported conversation) are cut from one
+        rendering of the path (`_Tiling`), so the work grows with the path, not with its
+        square; a node the tiling cannot vouch for is rendered on its own, exactly as a
+        single new node is. Raises `Cancelled` between nodes once `cancel` says so. With a
+        `limit`, stops once the path's tokens so far reach it, leaving the later nodes
+        without tokens, and returns False: the path cannot fit a context of that size.
+        """
+        missing = [index for index, node in enumerate(path) if node.tokens is None]
+        if not missing:
+            return True
+        self._renders = OrderedDict()
+        try:
+            tiling = None
+            if len(missing) >= TILE_FROM:
+                tiling = _Tiling.of(self, path, missing[-1] + 1, cancel)
+            total = 0
+            for index, node in enumerate(path):
+                if cancel is not None and cancel():
+                    raise Cancelled()
+                if node.tokens is None:
+                    text = tiling.pieces.get(index) if tiling is not None else None
+                    if text is None:
+                        text = self._node_text(path, index)
+                    node.tokens = tuple(self._node_tokens(index, text))
+                total += len(node.tokens)
+                if limit is not None and total >= limit and index < missing[-1]:
+                    return False
+            return True
+        finally:
+            self._renders = None
+
+    def path_tokens(self, path: Sequence[Node]) -> list[int]:
+        self.ensure_tokens(path)
+        out: list[int] = []
+        for node in path:
+            assert node.tokens is not None
+            out.extend(node.tokens)
+        return out
+
+    def marks(self, path: Sequence[Node]) -> list[int]:
+        """The path's structural positions for its decode schedule (`engine.core.schedule`):
+        where each node ends and, inside each reply, where its generation prompt ends (the
+        end of the prompt that produced it, so the checkpoint taken there fits the next
+        turn). A function of the nodes alone (their tokens and the `prompt_len` a reply
+        keeps), so the same for every prefix of the path, whatever template is chosen
+        later."""
+        self.ensure_tokens(path)
+        out: list[int] = []
+        position = 0
+        for node in path:
+            assert node.tokens is not None
+            if node.role is Role.ASSISTANT:
+                opening = node.meta.get("prompt_len")
+                if not isinstance(opening, int) or not 0 < opening <= len(node.tokens):
+                    opening = self.reply_opening(node.tokens)  # imported replies
+                if opening is not None:
+                    out.append(position + opening)
+            position += len(node.tokens)
+            out.append(position)
+        return out
+
+    def reply_opening(self, tokens: Sequence[int]) -> int | None:
+        """Where the generation prompt ends in a reply's `tokens`, if it starts with it."""
+        opening = self._reply_opening
+        if opening and len(tokens) >= len(opening) and tuple(tokens[: len(opening)]) == opening:
+            return len(opening)
+        return None
+
+    def target(self, path: Sequence[Node]) -> list[int]:
+        """The tokens to prepare before generating a reply to the last node of `path`."""
+        return self.path_tokens(path) + self.generation_prompt(path)
+
+    def generation_prompt(self, path: Sequence[Node]) -> list[int]:
+        return self._tok.tokenize(self.generation_prompt_text(path))
+
+    def tokenize(self, text: str) -> list[int]:
+        """`text` as the model's tokens (special tokens parsed, no BOS)."""
+        return self._tok.tokenize(text)
+
+    def reply_tokens(
+        self,
+        path: Sequence[Node],
+        generated: Sequence[int],
+        text: str,
+        *,
+        opening: Sequence[int] | None = None,
+    ) -> list[int]:
+        """The tokens of a reply generated after `path`: what the template renders for it in
+        every later turn.
+
+        Mostly that is exactly what the model produced: the generation prompt (`opening`,
+        when the caller has rendered it already) and the generated tokens as they were,
+        followed by the template's closing text (e.g. `<|im_end|>\\n`), so the live cache after
+        a reply is a prefix of the next prompt, even for recurrent models. Generated tokens
+        are kept rather than the text tokenized again, which could split it differently.
+
+        A template that renders the reply otherwise once a message follows it (Qwen3's drops
+        its reasoning) gets that rendering, tokenized: the reply's later turns read it so, and
+        keeping what the model read would put the dropped reasoning into every later prompt.
+        The generation prompt usually starts it, so the prompt-end checkpoint still serves.
+        """
+        reply = Node(id=-1, parent=None, role=Role.ASSISTANT, text=text, created=0.0)
+        if self._reply_frame is None:
+            return self._render_node([*path, reply], len(path))
+        closing = self._reply_frame[1]
+        later = self._later_reply_text(path, reply)
+        if later is not None and later != self.generation_prompt_text(path) + text + closing:
+            return self._tok.tokenize(later)
+        start = list(opening) if opening is not None else self.generation_prompt(path)
+        return start + list(generated) + self._tok.tokenize(closing)
+
+    def open_reply_tokens(self, path: Sequence[Node], reply: Node) -> list[int]:
+        """A reply's tokens without its closing text: the prompt to continue it from."""
+        open_len = reply.meta.get("open_len")
+        if reply.tokens is not None and isinstance(open_len, int) and self._reply_frame:
+            return list(reply.tokens[:open_len])
+        # Imported or edited replies, and replies stored as the template renders them later
+        # (no `open_len`: their tokens lack what the model read, e.g. the reasoning): the
+        # generation prompt and the text as the model writes it.
+        return self.generation_prompt(path) + self._tok.tokenize(reply.text)
+
+    # --- internals ---------------------------------------------------------------------
+
+    def _render_node(self, path: Sequence[Node], index: int) -> list[int]:
+        return self._node_tokens(index, self._node_text(path, index))
+
+    def _node_tokens(self, index: int, text: str) -> list[int]:
+        tokens = self._tok.tokenize(text)
+        if index == 0 and self._tok.bos is not None and tokens[:1] != [self._tok.bos]:
+            tokens.insert(0, self._tok.bos)
+        return tokens
+
+    def _node_text(self, path: Sequence[Node], index: int) -> str:
+        """The text of node `index`: what the template adds when it follows path[:index]."""
+        node = path[index]
+        later = (self._later_reply_text(path[:index], node)
+                 if node.role is Role.ASSISTANT else None)
+        if later is not None:
+            return later
+        before = self._render_messages(path[:index])
+        after = self._render_messages(path[: index + 1])
+        # The template rewrote the earlier turns once this node followed them (a reply
+        # that holds its reasoning in its tokens: one given them before replies were
+        # stored as rendered later, or one the template's rewriting was not found for).
+        cut = len(before) if after.startswith(before) else _rewritten_end(before, after)
+        return after[cut:]
+
+    def _later_reply_text(self, path: Sequence[Node], reply: Node) -> str | None:
+        """How the template renders `reply` after `path` once a user message follows it,
+        when that differs from how it renders it as the last message; None when it does not,
+        or when the rewritten reply cannot be told apart from what follows it.
+
+        A probe user message stands for the next turn (the one after a reply is always a
+        user's). The reply's later rendering starts where `path`'s rendering ends (the
+        replies in `path` are rewritten there already) and ends where the probe's turn
+        starts, found as `_rewritten_end` finds where a node starts after rewritten turns.
+        """
+        probe = Node(id=-2, parent=None, role=Role.USER, text=_SENTINEL, created=0.0)
+        last = self._render_messages([*path, reply])
+        later = self._render_messages([*path, reply, probe])
+        if later.startswith(last):
+            return None  # rendered alike whatever follows it
+        before = self._render_messages(path)
+        end = _kept_tail_end(last, later)
+        if (end is None or not later.startswith(before) or end < len(before)
+                or _SENTINEL not in later[end:]):
+            log.warning("chat template rewrites a reply in later turns in a way not found; "
+                        "the reply keeps its tokens as the model read them")
+            return None
+        return later[len(before):end]
+
+    def generation_prompt_text(self, path: Sequence[Node]) -> str:
+        """What the template adds after `path` for the reply to start."""
+        messages = _messages(path)
+        with_prompt = self._template.render(messages, add_generation_prompt=True)
+        without = self._template.render(messages, add_generation_prompt=False)
+        if not with_prompt.startswith(without):
+            log.warning("chat template: generation prompt is not a suffix; using the difference")
+        return with_prompt[_common_prefix_len(with_prompt, without):]
+
+    def _render_messages(self, path: Sequence[Node]) -> str:
+        messages = _messages(path)
+        if not messages:
+            return ""
+        if self._renders is None:
+            return self._template.render(messages, add_generation_prompt=False)
+        key = tuple((m["role"], m["content"]) for m in messages)
+        text = self._renders.get(key)
+        if text is None:
+            text = self._renders[key] = self._template.render(messages,
+                                                              add_generation_prompt=False)
+            while len(self._renders) > _KEPT_RENDERS:
+                self._renders.popitem(last=False)
+        else:
+            self._renders.move_to_end(key)
+        return text
+
+    def _find_reply_opening(self) -> tuple[int, ...]:
+        """The generation prompt's tokens after a one-message conversation: what a reply
+        node's tokens start with (see reply_tokens)."""
+        probe = [Node(id=-1, parent=None, role=Role.USER, text="Hi", created=0.0)]
+        try:
+            return tuple(self.generation_prompt(probe))
+        except TemplateError as exc:
+            log.warning("chat template: cannot find the generation prompt (%s)", exc)
+            return ()
+
+    def _find_reply_frame(self) -> tuple[str, str] | None:
+        """The text the template puts before and after an assistant reply's content."""
+        probe = [{"role": "user", "content": "Hi"}]
+        try:
+            before = self._template.render(probe, add_generation_prompt=False)
+            after = self._template.render(
+                [*probe, {"role": "assistant", "content": _SENTINEL}],
+                add_generation_prompt=False,
+            )
+        except TemplateError as exc:
+            log.warning("chat template: cannot find the reply frame (%s)", exc)
+            return None
+        piece = after[_common_prefix_len(before, after):]
+        if piece.count(_SENTINEL) != 1:
+            log.warning("chat template rewrites reply text; replies will be re-rendered")
+            return None
+        opening, closing = piece.split(_SENTINEL)
+        return opening, closing
+
+
+@dataclass(frozen=True)
+class _Frame:
+    """What the template puts around a message's content when the message comes last."""
+
+    opening: str
+    closing: str
+
+    def pieces(self, content: str) -> list[str]:
+        """The message as the template may render it: its content as it is first, then
+        trimmed (templates that `trim` the content)."""
+        shown = dict.fromkeys((content, content.strip(), content.rstrip(), content.lstrip()))
+        return [self.opening + text + self.closing for text in shown]
+
+
+@dataclass(frozen=True)
+class _Tiling:
+    """The nodes' texts, cut from one rendering of the whole path.
+
+    A node's text is what the template adds when the node follows its ancestors; finding it
+    that way renders every prefix of the path, which grows with the square of its length.
+    Most templates render each message in a frame of its role (`_Frame`), the same wherever
+    it comes: the rendering of the whole path is then the frames one after another, and a
+    node's text is its frame. The frames are learned from probes rendered after the path's
+    own messages and the whole rendering is checked to be exactly those frames, so a
+    template that renders otherwise is found out. A reply followed by a user message is
+    also tried in the frame it has when a message follows it (`_Frame` of a reply before a
+    probe), with its text found from the two frames as `_later_reply_text` finds it. A node
+    neither fits is rendered on its own and the tiling goes on after it where it can. The
+    first messages (where templates put their defaults) and the last node are always
+    rendered on their own; the last one checks the whole tiling again.
+    """
+
+    pieces: dict[int, str]
+
+    @classmethod
+    def of(cls, builder: PromptBuilder, path: Sequence[Node], end: int,
+           cancel: CancelFn | None) -> _Tiling | None:
+        def check() -> None:
+            if cancel is not None and cancel():
+                raise Cancelled()
+
+        head, seen = 0, 0
+        while head < end and seen < 2:
+            seen += len(_messages(path[head:head + 1]))
+            head += 1
+        last = end - 1
+        if last - head < 2:
+            return None
+        check()
+        full = builder._template.render(_messages(path[:end]), add_generation_prompt=False)
+        start = builder._render_messages(path[:head])
+        if not full.startswith(start):
+            return None
+        frames: dict[Role, _Frame | None] = {}
+        for index in range(head, last):
+            role = path[index].role
+            if role not in frames:
+                check()
+                frames[role] = _learn_frame(builder, path[:index], role)
+        user = frames.get(Role.USER)
+        probe = user.opening + _SENTINEL + user.closing if user is not None else None
+        reply_later = None
+        first = next((index for index in range(head, last) if path[index].role
+                      is Role.ASSISTANT and path[index + 1].role is Role.USER), None)
+        if first is not None and probe is not None:
+            check()
+            reply_later = _learn_reply_later(builder, path[:first], probe)
+        pieces: dict[int, str] = {}
+        pos = len(start)
+        prev_pos, prev_last = pos, ""  # the previous node: where it starts, its last form
+        for index in range(head, last):
+            check()
+            node = path[index]
+            frame = frames[node.role]
+            # The ancestors render as they do in the whole rendering.
+            consistent = len(prev_last) == pos - prev_pos and full.startswith(prev_last, prev_pos)
+            if node.role is Role.SYSTEM and not node.text:
+                pieces[index] = ""
+                continue
+            found = None
+            if frame is not None and (consistent or node.role is not Role.ASSISTANT):
+                for piece in frame.pieces(node.text):
+                    if full.startswith(piece, pos):
+                        found = (piece, piece)
+                        break
+            if (found is None and frame is not None and reply_later is not None
+                    and probe is not None and consistent and node.role is Role.ASSISTANT
+                    and path[index + 1].role is Role.USER):
+                for seg, alone in zip(reply_later.pieces(node.text), frame.pieces(node.text),
+                                      strict=True):
+                    if full.startswith(seg, pos):
+                        found = (seg, alone)
+                        break
+            if found is not None:
+                seg, alone = found
+                if node.role is Role.ASSISTANT:
+                    pieces[index] = _later_text(alone, seg + probe) if probe else alone
+                else:  # as `_node_text` cuts it after the previous node
+                    before, after = prev_last, full[prev_pos:pos] + alone
+                    cut = (len(before) if after.startswith(before)
+                           else _rewritten_end(before, after))
+                    pieces[index] = after[cut:]
+                prev_pos, prev_last, pos = pos, alone, pos + len(seg)
+                continue
+            # Not in a frame: rendered on its own, and the tiling goes on after it if the
+            # renderings agree with the whole one.
+            text = pieces[index] = builder._node_text(path, index)
+            before = builder._render_messages(path[:index])
+            after = builder._render_messages(path[:index + 1])
+            if len(before) != pos or not full.startswith(before) or not after.startswith(before):
+                return cls(pieces)  # the rest is rendered node by node
+            alone = after[pos:]
+            if full.startswith(alone, pos):
+                seg = alone
+            elif full.startswith(text, pos) and path[index + 1].role is Role.USER:
+                seg = text
+            else:
+                return cls(pieces)
+            prev_pos, prev_last, pos = pos, alone, pos + len(seg)
+        # The last node's ancestors, rendered as its text will be found: the tiling must agree.
+        check()
+        before = builder._render_messages(path[:last])
+        if before != full[:prev_pos] + prev_last:
+            log.info("chat template: the tiling of the path did not hold; rendering its "
+                     "nodes one by one")
+            return None
+        return cls(pieces)
+
+
+def _learn_frame(builder: PromptBuilder, path: Sequence[Node], role: Role) -> _Frame | None:
+    """The frame of a `role` message coming last after `path`, or None if it has none."""
+    base = builder._render_messages(path)
+    try:
+        probe = builder._template.render(
+            [*_messages(path), {"role": role.value, "content": _FRAME}],
+            add_generation_prompt=False)
+    except TemplateError:
+        return None
+    piece = probe[len(base) if probe.startswith(base) else _rewritten_end(base, probe):]
+    if piece.count(_FRAME) != 1:
+        return None
+    opening, closing = piece.split(_FRAME)
+    return _Frame(opening, closing)
+
+
+def _learn_reply_later(builder: PromptBuilder, path: Sequence[Node], probe: str
+                       ) -> _Frame | None:
+    """The frame of a reply after `path` once a user message (`probe`, as rendered last)
+    follows it."""
+    base = builder._render_messages(path)
+    try:
+        later = builder._template.render(
+            [*_messages(path), {"role": "assistant", "content": _FRAME},
+             {"role": "user", "content": _SENTINEL}], add_generation_prompt=False)
+    except TemplateError:
+        return None
+    piece = later[len(base):]
+    if not later.startswith(base) or not piece.endswith(probe) or piece.count(_FRAME) != 1:
+        return None
+    opening, closing = piece[: len(piece) - len(probe)].split(_FRAME)
+    return _Frame(opening, closing)
+
+
+def _later_text(alone: str, later: str) -> str:
+    """A reply's text as `_node_text` finds it from its renderings last (`alone`) and
+    before the probe user message (`later`), both after the same ancestors."""
+    if later.startswith(alone):
+        return alone
+    end = _kept_tail_end(alone, later)
+    if end is None or _SENTINEL not in later[end:]:
+        return alone
+    return later[:end]
+
+
+def _messages(path: Sequence[Node]) -> list[dict[str, str]]:
+    out: list[dict[str, str]] = []
+    for node in path:
+        if node.role is Role.SYSTEM and not node.text:
+            continue  # no system prompt: let the template apply its own default
+        out.append({"role": node.role.value, "content": node.text})
+    return out
+
+
+def _rewritten_end(before: str, after: str) -> int:
+    """Where the new node starts in `after` when the template rendered the earlier turns
+    differently once the node followed them (`before` is their rendering without it).
+
+    Templates that drop the reasoning of earlier replies (Qwen3's, DeepSeek-R1's) cut the
+    front of a reply's content and keep its end (the answer and the turn's closing text), so
+    the earlier turns in `after` end as they end in `before`: they run up to the longest
+    stretch after the common prefix that `before` ends with. The new node is what follows.
+    Still needed although replies are stored as rendered later: `before` renders the reply
+    before the new node as the last message, and replies stored before that, or imported
+    with their tokens, hold the reasoning they were read with.
+    """
+    end = _kept_tail_end(before, after)
+    cut = _common_prefix_len(before, after)
+    if end is None:
+        log.warning("chat template rewrote earlier turns; node keeps only its new text")
+        return cut
+    log.info("chat template rewrote earlier turns (%d characters kept of %d); the new "
+             "node starts after them", end - cut, len(before) - cut)
+    return end
+
+
+def _kept_tail_end(before: str, after: str) -> int | None:
+    """Where the rewritten earlier turns end in `after` (see `_rewritten_end`): after the
+    common prefix, the longest stretch of `after` that `before` ends with; None if none."""
+    cut = _common_prefix_len(before, after)
+    rewritten, rest = before[cut:], after[cut:]
+    last = rewritten[-1:]
+    end = next((n for n in range(min(len(rewritten), len(rest)), 0, -1)
+                if rest[n - 1] == last and rewritten.endswith(rest[:n])), 0)
+    return cut + end if end else None
+
+
+def _common_prefix_len(a: str, b: str) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i

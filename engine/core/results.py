@@ -1,0 +1,128 @@
+"""What one reply came to, as plain values: where its prompt came from, how it finished, its
+tokens and figures. They cross the process boundary and are read where no model is loaded;
+running a reply is `engine.llm.reply`'s business, applying its result to a tree the conversation's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from enum import StrEnum
+from typing import TYPE_CHECKING
+
+from engine.core.tree import Node, Role
+
+if TYPE_CHECKING:
+    from engine.llm.runtime import PrepareReport
+
+LEFT_OUT = "left_out"  # reply meta: how many of the oldest messages it did not read
+
+
+class Source(StrEnum):
+    """Where the state a prompt was prepared from came from."""
+
+    LIVE = "live"  # the live cache held a usable prefix
+    CHECKPOINT = "checkpoint"  # a saved state was restored
+    NONE = "none"  # decoded from scratch
+
+
+class FinishReason(StrEnum):
+    STOP = "stop"  # the model produced an end-of-generation token
+    LENGTH = "length"  # max_tokens reached
+    CONTEXT_FULL = "context_full"  # no room left in the context
+    CANCELLED = "cancelled"
+
+
+@dataclass(frozen=True)
+class NodeView:
+    """What the engine needs of a node: never the node itself (its owner keeps that)."""
+
+    id: int
+    role: Role
+    text: str
+    tokens: tuple[int, ...] | None
+    open_len: int | None = None
+    prompt_len: int | None = None  # where the reply's generation prompt ends
+
+    @staticmethod
+    def of(node: Node, *, id: int | None = None) -> NodeView:
+        open_len, prompt_len = node.meta.get("open_len"), node.meta.get("prompt_len")
+        return NodeView(node.id if id is None else id, node.role, node.text, node.tokens,
+                        open_len if isinstance(open_len, int) else None,
+                        prompt_len if isinstance(prompt_len, int) else None)
+
+    def to_node(self) -> Node:
+        """A private, mutable copy for the engine."""
+        meta: dict[str, object] = {}
+        if self.open_len is not None:
+            meta["open_len"] = self.open_len
+        if self.prompt_len is not None:
+            meta["prompt_len"] = self.prompt_len
+        return Node(id=self.id, parent=None, role=self.role, text=self.text, created=0.0,
+                    tokens=self.tokens, meta=meta)
+
+
+@dataclass(frozen=True)
+class ReplyReport:
+    """What the engine did for one step: what it reused, what it decoded, how long it took.
+
+    The replay report's step figures and the window's status line both read this. A warm-up
+    (a prepare with no reply) has no generation: `finish` is None and the counts are 0."""
+
+    prompt_tokens: int
+    reused_tokens: int
+    decoded_tokens: int
+    source: Source
+    checkpoint_pos: int | None
+    prefill_ms: float
+    ttft_ms: float | None = None  # from the start of the prepare to the first token
+    generated_tokens: int = 0
+    decode_ms: float = 0.0
+    finish: FinishReason | None = None
+    dropped: int = 0  # messages left out of the prompt (engine.core.overflow)
+
+    @staticmethod
+    def of_prepare(prepared: PrepareReport) -> ReplyReport:
+        """The figures of a prepare alone (a warm-up); a reply adds its generation."""
+        return ReplyReport(
+            prompt_tokens=prepared.prompt_tokens, reused_tokens=prepared.reused_tokens,
+            decoded_tokens=prepared.decoded_tokens, source=prepared.source,
+            checkpoint_pos=prepared.checkpoint_pos, prefill_ms=prepared.prefill_ms)
+
+    def describe(self) -> str:
+        """One line for a person: where the prompt came from and how fast it went."""
+        source = {Source.LIVE: "reused the live cache",
+                  Source.CHECKPOINT: f"restored checkpoint at {self.checkpoint_pos}",
+                  Source.NONE: "read from scratch"}[self.source]
+        line = (f"{source}: {self.reused_tokens:,} of {self.prompt_tokens:,} tokens reused, "
+                f"{self.decoded_tokens:,} decoded in {self.prefill_ms / 1000:.2f} s")
+        if self.dropped:
+            line += (f"; {self.dropped} earlier message{'s' * (self.dropped != 1)} "
+                     f"outside the context")
+        if self.finish is None:
+            return line
+        rate = self.generated_tokens / max(self.decode_ms / 1000, 1e-3)
+        return (f"{line}; first token after {(self.ttft_ms or 0) / 1000:.2f} s; "
+                f"{self.generated_tokens} tokens at {rate:.1f}/s")
+
+
+# (node id, tokens) for path nodes that had no tokens and were rendered now: they keep them.
+Rendered = tuple[tuple[int, tuple[int, ...]], ...]
+
+
+@dataclass(frozen=True)
+class ReplyResult:
+    """A finished (or stopped) reply, as plain values."""
+
+    text: str  # the whole reply, a continued reply's earlier text included
+    # Generation prompt + generated tokens + the template's closing; or, under a template
+    # that renders the reply otherwise in later turns (Qwen3's drops its reasoning), that
+    # later rendering (see PromptBuilder.reply_tokens).
+    tokens: tuple[int, ...]
+    meta: tuple[tuple[str, object], ...]  # what the reply node keeps (ReplyTokens.meta)
+    rendered: Rendered
+    report: ReplyReport
+
+    @property
+    def finish(self) -> FinishReason:
+        assert self.report.finish is not None
+        return self.report.finish

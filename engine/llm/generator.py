@@ -1,0 +1,331 @@
+"""Generating a reply for a path of the tree: the model's half of a conversation.
+
+`Generator` owns the runtime, the prompt builder and the checkpoint store. It reads a path of
+nodes (their role, text and tokens; it fills in tokens a node does not have yet) and produces
+a reply's text and tokens, but never changes the tree's shape. `Session` applies its results to
+a tree on the same thread (the command line); the app runs it on the engine thread on copies of
+the path and applies the results on the GUI thread.
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, replace
+
+from engine.config.params import SamplingParams
+from engine.core.errors import ContextOverflowError
+from engine.core.overflow import Cut, Overflow, fit, read_part, reply_room
+from engine.core.prompt import BuiltinTemplate, ChatTemplate, PromptBuilder, Template, Tokenizer
+from engine.core.reasoning import OPENED, opens_reasoning
+from engine.core.schedule import DEFAULT_INTERVAL
+from engine.core.templates import TemplateChoice, TemplateOrigin, choose_template
+from engine.core.tree import Node, Role
+from engine.llm.llama import apply_builtin_template, builtin_template_names
+from engine.llm.runtime import (
+    CancelFn,
+    Generation,
+    PlanFn,
+    PrepareReport,
+    ProgressFn,
+    Runtime,
+)
+from engine.storage.checkpoints import Checkpoint, CheckpointStore, plan_saves
+
+log = logging.getLogger(__name__)
+
+TokenFn = Callable[[int, str], None]
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """The context holds the prompt; generation can start."""
+
+    report: PrepareReport
+    before: tuple[int, ...]  # tokens the reply already has (when continuing one)
+    base_text: str  # text the reply already has (when continuing one)
+
+
+@dataclass(frozen=True)
+class ReplyTokens:
+    # As the template renders the reply in later turns (PromptBuilder.reply_tokens): mostly
+    # generation prompt + generated tokens + the template's closing.
+    tokens: tuple[int, ...]
+    # Tokens before the closing, where a continuation starts, when the tokens start with what
+    # the model read; None when the template rewrote the reply (its reasoning dropped): a
+    # continuation then reads the generation prompt and the reply's text.
+    open_len: int | None
+    # Tokens of the generation prompt at the start, where the prompt that produced the reply
+    # ended: a mark of the path's decode schedule (PromptBuilder.marks). None when the
+    # template re-rendered the reply without it.
+    prompt_len: int | None = None
+    # The generation prompt ended with a reasoning marker: the reply's text starts inside
+    # its reasoning (engine.core.reasoning.OPENED).
+    reasoning_opened: bool = False
+
+    def meta(self) -> dict[str, object]:
+        """What the reply node keeps of this (its `meta`). Every key always, None included:
+        a continued reply's meta is updated with these, and an earlier run's values would
+        point into tokens they no longer describe."""
+        return {"open_len": self.open_len, "prompt_len": self.prompt_len,
+                OPENED: self.reasoning_opened}
+
+
+class Generator:
+    def __init__(
+        self,
+        runtime: Runtime,
+        *,
+        sampling: SamplingParams | None = None,
+        use_cache: bool = True,
+        checkpoints: CheckpointStore | None = None,
+        checkpoint_interval: int = DEFAULT_INTERVAL,
+        template: str | None = None,
+    ) -> None:
+        """`template`: the chat template's name as the user chose it for this model
+        (`engine.core.templates`); None picks the model's own, else llama.cpp's built-in one."""
+        self.runtime = runtime
+        self.sampling = sampling or SamplingParams()
+        self.use_cache = use_cache
+        self.checkpoints = checkpoints if use_cache else None
+        self.checkpoint_interval = checkpoint_interval
+        self.template: TemplateChoice
+        self.prompts = self._prompt_builder(template)
+
+    def use_template(self, chosen: str | None) -> TemplateChoice:
+        """Render nodes that have no tokens yet with another template (None: automatic).
+        Nodes that have tokens keep them: a path's prefix never changes."""
+        self.prompts = self._prompt_builder(chosen)
+        return self.template
+
+    def _prompt_builder(self, chosen: str | None) -> PromptBuilder:
+        model = self.runtime.model
+        embedded = model.chat_template()
+        self.template = choose_template(
+            embedded=embedded, architecture=model.info.architecture, chosen=chosen,
+            builtin=builtin_template_names(),
+        )
+        if self.template.origin is not TemplateOrigin.MODEL:
+            log.info("%s: chat template %s", model.path.name, self.template.describe())
+        template: Template
+        if self.template.is_model_own and embedded is not None:
+            template = ChatTemplate(embedded, bos_text=model.bos_text, eos_text=model.eos_text)
+        else:
+            template = BuiltinTemplate(self.template.name, apply_builtin_template)
+        return PromptBuilder(template, Tokenizer(tokenize=model.tokenize, bos=model.bos))
+
+    # --- the three steps of a reply ------------------------------------------------------
+
+    def prepare(
+        self,
+        path: Sequence[Node],
+        *,
+        resume: Node | None = None,
+        on_progress: ProgressFn | None = None,
+        on_plan: PlanFn | None = None,
+        cancel: CancelFn | None = None,
+        scope: str = "",
+    ) -> Prepared:
+        """Bring the context to the prompt for a reply after `path` (or for more of
+        `resume`, a reply whose parent is path[-1]) by the cheapest valid plan that uses
+        only `scope`'s state (engine.storage.checkpoints: scopes)."""
+        marks = self.prompts.marks(path)
+        if resume is None:
+            before: list[int] = []
+            base_text = ""
+            target = self.prompts.target(path)
+        else:
+            opened = self.prompts.open_reply_tokens(path, resume)
+            before = opened[len(self.prompts.generation_prompt(path)):]
+            base_text = resume.text
+            target = self.prompts.path_tokens(path) + opened
+            opening = self.prompts.reply_opening(opened)
+            if opening is not None:  # as the finished reply will mark it (PromptBuilder.marks)
+                marks.append(marks[-1] + opening)
+        report = self._prepare(list(path), target, marks, on_progress, cancel, on_plan, scope)
+        return Prepared(report, tuple(before), base_text)
+
+    def fit(
+        self,
+        path: Sequence[Node],
+        *,
+        resume: Node | None = None,
+        max_tokens: int,
+        overflow: Overflow,
+        tail: bool = True,
+        cancel: CancelFn | None = None,
+    ) -> Cut:
+        """Which nodes of `path` the model reads for a reply (`engine.core.overflow`). Every node
+        gets its tokens first, rendered after the whole path, so a node's tokens never depend
+        on what is left out. `tail`: count the reply's prompt (False for a warm-up, which
+        prepares the path alone).
+
+        Under `Overflow.STOP` the rendering stops as soon as the path is known not to fit
+        (`ContextOverflowError`, counting the tokens found so far), so a path far longer than
+        the context costs no more than the context's worth of it; `cancel` stops it between
+        nodes (`Cancelled`)."""
+        n_ctx = self.runtime.n_ctx
+        limit = n_ctx if overflow is Overflow.STOP else None
+        if not self.prompts.ensure_tokens(path, cancel=cancel, limit=limit):
+            counted = sum(len(node.tokens) for node in path if node.tokens is not None)
+            raise ContextOverflowError(counted, n_ctx)
+        lengths = [len(node.tokens or ()) for node in path]
+        user = [node.role is Role.USER for node in path]
+        extra = 0
+        if tail and overflow is not Overflow.STOP:
+            extra = len(self.prompts.generation_prompt(path) if resume is None
+                        else self.prompts.open_reply_tokens(path, resume))
+        return fit(lengths, user, tail=extra, n_ctx=n_ctx, room=reply_room(n_ctx, max_tokens),
+                   policy=overflow)
+
+    def warm(
+        self,
+        path: Sequence[Node],
+        *,
+        cancel: CancelFn | None = None,
+        max_tokens: int = 512,
+        overflow: Overflow = Overflow.STOP,
+        scope: str = "",
+    ) -> PrepareReport | None:
+        """Prepare what the next prompt will start with: `path` itself, batched (under
+        `Overflow.DROP_OLDEST`, the part of it a reply would read now).
+
+        Done while the user reads or types, so that Send decodes only the new message. After
+        a reply this re-decodes the reply in one batch (its one-token decode is not the
+        canonical state; see Runtime.canonical_tokens). Returns None when the context holds
+        exactly that already (for `scope`). Cancellable between chunks and inside one.
+        """
+        if not self.use_cache:
+            return None  # every prompt is decoded from scratch anyway
+        try:
+            cut = self.fit(path, max_tokens=max_tokens, overflow=overflow, tail=False,
+                           cancel=cancel)
+        except ContextOverflowError:
+            return None  # the real request will say it does not fit
+        path = read_part(path, cut)
+        target = self.prompts.path_tokens(path)
+        marks = self.prompts.marks(path)
+        runtime = self.runtime
+        if not target or len(target) >= runtime.n_ctx:
+            return None  # nothing to warm, or the real request will say it does not fit
+        held = runtime.live_tokens[: runtime.canonical_tokens]
+        if runtime.live_scope == scope and list(held) == target and runtime.schedule(
+            len(target), marks
+        ).agrees(runtime.live_bounds):
+            return None
+        report = self._prepare(list(path), target, marks, None, cancel, None, scope)
+        runtime.flush_capture()  # no reply follows: keep the branch's checkpoint now
+        return report
+
+    def configure(self, *, sampling: SamplingParams, checkpoint_interval: int) -> None:
+        self.sampling = sampling
+        self.checkpoint_interval = checkpoint_interval
+
+    def generate(
+        self,
+        *,
+        max_tokens: int,
+        seed: int,
+        on_token: TokenFn | None = None,
+        cancel: CancelFn | None = None,
+        sampling: SamplingParams | None = None,
+    ) -> Generation:
+        """`sampling`: this reply's own (an API request's), else the configured one."""
+        return self.runtime.generate(
+            max_tokens=max_tokens, sampling=sampling or self.sampling, seed=seed,
+            on_token=on_token,
+            cancel=cancel,
+        )
+
+    def reply_tokens(
+        self, path: Sequence[Node], generated: Sequence[int], text: str
+    ) -> ReplyTokens:
+        prompt = self.prompts.generation_prompt_text(path)  # rendered once for all uses
+        opening = self.prompts.tokenize(prompt)
+        tokens = self.prompts.reply_tokens(path, generated, text, opening=opening)
+        read = [*opening, *generated]
+        return ReplyTokens(
+            tuple(tokens),
+            len(read) if tokens[: len(read)] == read else None,
+            len(opening) if tokens[: len(opening)] == opening else None,
+            opens_reasoning(prompt),
+        )
+
+    def opens_reasoning(self, path: Sequence[Node]) -> bool:
+        """Whether a reply to `path` starts inside its reasoning: the template ends the
+        generation prompt with the opening marker (DeepSeek-R1's, Qwen3's thinking mode)."""
+        return opens_reasoning(self.prompts.generation_prompt_text(path))
+
+    def after_reply(self) -> None:
+        """Spill checkpoints over the budget: after the reply, so it never delays one."""
+        if self.checkpoints is not None:
+            self.checkpoints.enforce_budget()
+
+    def forget(self, node_ids: Iterable[int]) -> None:
+        """Deleted nodes: free their checkpoints."""
+        if self.checkpoints is not None:
+            self.checkpoints.drop_nodes(node_ids)
+
+    # --- internals -----------------------------------------------------------------------
+
+    def _prepare(
+        self,
+        path: list[Node],
+        target: list[int],
+        marks: list[int],
+        on_progress: ProgressFn | None,
+        cancel: CancelFn | None,
+        on_plan: PlanFn | None = None,
+        scope: str = "",
+    ) -> PrepareReport:
+        runtime = self.runtime
+        if not self.use_cache:
+            runtime.clear()
+            return runtime.prepare(
+                target, marks=marks, use_live=False, on_progress=on_progress, on_plan=on_plan,
+                cancel=cancel, scope=scope,
+            )
+        store = self.checkpoints
+        if store is None:
+            return runtime.prepare(
+                target, marks=marks, on_progress=on_progress, on_plan=on_plan, cancel=cancel,
+                scope=scope,
+            )
+        ends = list(itertools.accumulate(len(node.tokens or ()) for node in path))
+        schedule = runtime.schedule(len(target), marks)
+        store.protect(node.id for node in path)
+        candidates = store.candidates(target, schedule, scope=scope)
+        saved = {checkpoint.n_tokens for checkpoint in candidates}
+        saves = [
+            n
+            for n in plan_saves(runtime.memory_kind, schedule, ends, self.checkpoint_interval)
+            if n not in saved  # a candidate of that length holds exactly that state
+        ]
+
+        def keep(checkpoint: Checkpoint) -> None:
+            # Attach it to the node holding its last token; the prompt's end (the reply's
+            # generation prompt) belongs to the last message of the path. It carries this
+            # scope: the runtime captured it from state prepared for the scope.
+            index = bisect.bisect_left(ends, checkpoint.n_tokens)
+            node = path[min(index, len(path) - 1)]
+            store.add(replace(checkpoint, node_id=node.id))
+
+        prepared = runtime.prepare(
+            target,
+            marks=marks,
+            checkpoints=candidates,
+            fetch=store.fetch,
+            save_at=saves,
+            on_checkpoint=keep,
+            on_progress=on_progress,
+            on_plan=on_plan,
+            cancel=cancel,
+            scope=scope,
+        )
+        for checkpoint_id in prepared.failed_checkpoints:
+            store.reject(checkpoint_id)
+        if prepared.checkpoint_id is not None:
+            store.mark_restored(prepared.checkpoint_id)
+        return prepared

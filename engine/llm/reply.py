@@ -1,0 +1,92 @@
+"""One reply, start to finish: prepare the prompt, generate, finish the reply's tokens.
+
+Every front end runs a reply through `run_reply`: `Session` on its own thread (the command
+line, the tests), the engine service on the engine's thread or process (the window). It reads
+a path of nodes and returns plain values (`ReplyResult`, with its `ReplyReport`); applying them
+to a tree is the conversation core's business (`Conversation.finish_reply`).
+
+This module loads no native library: the generator is only named in annotations, so the value
+types can cross a process boundary and be read where no model is loaded.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import replace
+from typing import TYPE_CHECKING
+
+from engine.config.params import SamplingParams
+from engine.core.overflow import Overflow, read_part
+from engine.core.results import LEFT_OUT, Rendered, ReplyReport, ReplyResult, Source
+from engine.core.tree import Node
+
+if TYPE_CHECKING:
+    from engine.llm.generator import Generator
+
+
+CancelFn = Callable[[], bool]
+ProgressFn = Callable[[int, int], None]  # (tokens decoded so far, tokens to decode)
+PlanFn = Callable[[int, int, Source, int | None], None]  # see engine.llm.runtime.PlanFn
+PieceFn = Callable[[str], None]  # the text one generated token added
+OpenedFn = Callable[[], None]  # the reply starts inside its reasoning (engine.core.reasoning)
+
+
+def rendered(path: Sequence[Node], untokenized: set[int]) -> Rendered:
+    """The tokens a prepare gave path nodes that had none (ids from `untokenized`)."""
+    return tuple((node.id, node.tokens) for node in path
+                 if node.id in untokenized and node.tokens is not None)
+
+
+def run_reply(
+    generator: Generator,
+    path: Sequence[Node],
+    *,
+    resume: Node | None = None,
+    max_tokens: int,
+    seed: int,
+    on_plan: PlanFn | None = None,
+    on_progress: ProgressFn | None = None,
+    on_piece: PieceFn | None = None,
+    on_opened: OpenedFn | None = None,
+    cancel: CancelFn | None = None,
+    sampling: SamplingParams | None = None,
+    overflow: Overflow = Overflow.STOP,
+    scope: str = "",
+) -> ReplyResult:
+    """Answer the last node of `path` (or go on with `resume`, a reply to it).
+
+    Under `Overflow.DROP_OLDEST` a path too long for the context is read without its oldest
+    messages (`engine.core.overflow`); the reply's meta says how many it left out (`LEFT_OUT`).
+    The generation prompt is rendered once, for the reply's tokens. A stop during the
+    prepare raises `Cancelled` (nothing was said); a stop during generation returns what was
+    said so far, finished as `FinishReason.CANCELLED`. Other errors propagate. Call
+    `generator.after_reply()` once the result is delivered (it may spill checkpoints).
+    `on_opened` is called before the first piece when the generation prompt opened the
+    reply's reasoning, so a front end shows the streaming text as reasoning from the start
+    (the finished reply's meta says so too: `engine.core.reasoning.OPENED`).
+    `scope`: whose request it is; only that scope's cached state is reused.
+    """
+    untokenized = {node.id for node in path if node.tokens is None}
+    cut = generator.fit(path, resume=resume, max_tokens=max_tokens, overflow=overflow,
+                        cancel=cancel)
+    read = read_part(path, cut)
+    prepared = generator.prepare(read, resume=resume, on_progress=on_progress,
+                                 on_plan=on_plan, cancel=cancel, scope=scope)
+    if on_opened is not None and generator.opens_reasoning(read):
+        on_opened()
+    generation = generator.generate(
+        max_tokens=max_tokens, seed=seed, cancel=cancel, sampling=sampling,
+        on_token=(lambda _token, piece: on_piece(piece)) if on_piece is not None else None,
+    )
+    text = prepared.base_text + generation.text
+    finished = generator.reply_tokens(read, [*prepared.before, *generation.tokens], text)
+    prep = prepared.report
+    ttft = prep.prefill_ms + generation.ttft_ms if generation.ttft_ms is not None else None
+    report = replace(ReplyReport.of_prepare(prep), ttft_ms=ttft,
+                     generated_tokens=len(generation.tokens), decode_ms=generation.decode_ms,
+                     finish=generation.finish, dropped=cut.dropped)
+    meta = finished.meta()
+    if cut.dropped:
+        meta[LEFT_OUT] = cut.dropped  # a count, not ids: imports renumber nodes
+    return ReplyResult(text, finished.tokens, tuple(meta.items()),
+                       rendered(path, untokenized), report)

@@ -1,0 +1,605 @@
+"""The one llama.cpp context: prepare a prompt with the least decoding, then generate.
+
+`Runtime.prepare(target, marks=...)` brings the context to hold exactly `target`, reusing what
+the live cache or a checkpoint holds where that is valid for the model's memory kind (DESIGN.md,
+"Preparing a prompt"), and decoding the rest in the chunks of the target's decode schedule
+(`engine.core.schedule`): the same chunks whatever was reused, so the result never depends on what
+the cache did. `Runtime.generate()` then samples token by token. Both honour a cancel check:
+between chunks, inside a chunk (llama.cpp's abort callback) and between tokens, and both leave
+`live_tokens` equal to what the cache really holds.
+"""
+
+from __future__ import annotations
+
+import codecs
+import logging
+import time
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from engine.config.params import RuntimeSettings
+from engine.core.errors import ArborError, Cancelled, ContextOverflowError, DecodeError
+from engine.core.memory import MemoryKind
+from engine.core.results import FinishReason, Source
+from engine.core.schedule import CPU_GRID, GPU_GRID, Schedule, decode_schedule
+from engine.llm.llama import LlamaContext, LlamaModel, Sampler, SamplingParams
+from engine.llm.placement import place
+from engine.models.files import file_sha256
+from engine.storage.checkpoints import Checkpoint, Identity
+
+log = logging.getLogger(__name__)
+
+STATE_FLAGS = 0  # full per-sequence state: the only kind safe for every memory kind
+# The canary a load decodes before the model is called loaded: a batch as prompts are decoded
+# (llama.cpp's AMX kernels crashed on any batch of 2 or more), then one token as replies are.
+CANARY_TOKENS = 16
+
+ProgressFn = Callable[[int, int], None]  # (tokens decoded so far, tokens to decode)
+TokenFn = Callable[[int, str], None]  # (token id, text it added)
+CancelFn = Callable[[], bool]
+# (prompt tokens, tokens reused, where they came from, the checkpoint's last position or None),
+# called once the plan is fixed and before decoding starts: what the progress bar says.
+PlanFn = Callable[[int, int, "Source", int | None], None]
+
+
+@dataclass(frozen=True)
+class PrepareReport:
+    prompt_tokens: int
+    reused_tokens: int
+    decoded_tokens: int
+    source: Source
+    checkpoint_pos: int | None
+    prefill_ms: float
+    checkpoint_id: int | None = None
+    failed_checkpoints: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
+class Generation:
+    tokens: tuple[int, ...]
+    text: str
+    finish: FinishReason
+    ttft_ms: float | None  # from the start of generate() to the first token
+    decode_ms: float
+
+
+class Runtime:
+    """Owns one model and one context. Not thread-safe: one thread calls everything."""
+
+    def __init__(
+        self,
+        model_path: Path,
+        settings: RuntimeSettings | None = None,
+        *,
+        on_load_progress: Callable[[float], None] | None = None,
+        repack: bool | None = None,
+    ) -> None:
+        """`repack`: False loads without weight repacking; None lets engine.llm.repack decide."""
+        self.settings = settings or RuntimeSettings()
+        placed = place(model_path, self.settings, repack)
+        self.notices = placed.notices
+        self.backend, self.devices = placed.backend, placed.devices
+        self.repack, self.kernels = placed.repack, placed.kernels
+        self._guard = placed.guard
+        gpu, workers, context = placed.gpu, placed.workers, placed.context
+        # Until the canary and the first prompt have been decoded, a fault of this process
+        # means the fast kernels crash here (engine.llm.repack).
+        if placed.repack:
+            self._guard.arm()
+        fit = placed.fit_layers() if placed.fitting else None
+        n_gpu_layers = self.gpu_layers = fit.n_gpu_layers if fit is not None else \
+            placed.n_gpu_layers
+        try:
+            self.model = LlamaModel(
+                model_path, n_gpu_layers=n_gpu_layers, rpc_workers=workers,
+                on_progress=on_load_progress, repack=placed.repack, fit=fit,
+            )
+            try:
+                self.ctx = LlamaContext(self.model, context)
+            except BaseException:
+                self.model.close()
+                raise
+            try:
+                self._canary()
+            except BaseException:
+                self.ctx.close()
+                self.model.close()
+                raise
+        except BaseException:
+            self._guard.disarm()
+            raise
+        params = self.ctx.params
+        self.memory_kind = self.model.memory_kind()
+        self.n_swa = self.model.n_swa
+        self.n_ctx = self.ctx.n_ctx
+        self.n_batch = params.n_batch
+        # Chunk ends on a grid inside long messages: where an edit restarts, and where
+        # recurrent checkpoints (every RECURRENT_INTERVAL) sit.
+        self.grid = min(self.n_batch, CPU_GRID if gpu is None else GPU_GRID)
+        self._live: list[int] = []
+        # The chunk ends the live prefix was decoded with: the state up to _bounds[-1] is
+        # exactly what that schedule gives. Tokens after it came from one-token decodes.
+        self._bounds: list[int] = []
+        # A sliding-window cache (swa_full off) reuses the cells of positions that left the
+        # window, so where the next tokens land depends on the cache's history, and the
+        # attention sums run in cell order: on K-quants that changes the logits (by more than
+        # 1 on Gemma 3 270M). Every interior chunk end is therefore settled: the state is
+        # saved and loaded back, which lays it out from cell 0 the same way whatever came
+        # before, in every mode. `_settled` says the live state is in that form now.
+        self._settles = self.memory_kind is MemoryKind.SLIDING_WINDOW
+        self._settled = False
+        # Whose requests the live state was prepared for (engine.storage.checkpoints: scopes): only
+        # a prepare for the same scope reuses it, and its checkpoints carry it.
+        self._live_scope = ""
+        # The prompt-end checkpoint, taken after the first token is sampled (see prepare).
+        self._pending_capture: Callable[[], None] | None = None
+        log.info(
+            "loaded %s: %s, memory %s, n_ctx %d, backend %s",
+            model_path.name, self.model.description(), self.memory_kind, self.n_ctx, self.backend,
+        )
+
+    def close(self) -> None:
+        self._pending_capture = None
+        self._guard.disarm()
+        self.ctx.close()
+        self.model.close()
+
+    def _canary(self) -> None:
+        """Decode a batch of tokens as a prompt is decoded, then one as a reply is, and
+        forget them: a build whose kernels crash on this CPU does so here, before anyone is
+        told the model is loaded (engine.llm.repack)."""
+        n = max(1, min(CANARY_TOKENS, self.ctx.params.n_batch, self.ctx.n_ctx - 2))
+        tokens = [(1000 + i) % self.model.n_vocab for i in range(n)]
+        self.ctx.decode(tokens, 0)
+        self.ctx.decode(tokens[:1], n)
+        self.ctx.clear()
+
+    def report(self) -> dict[str, Any]:
+        """The model and context, for reports (the replay report's `model`)."""
+        model = self.model
+        params = self.ctx.params
+        return {
+            "name": model.info.name,
+            "path": str(model.path),
+            "file_sha256": file_sha256(model.path),
+            "architecture": model.info.architecture,
+            "memory_kind": self.memory_kind.value,
+            "n_swa": self.n_swa,
+            "swa_full": params.swa_full,
+            "n_ctx": self.n_ctx,
+            "n_batch": self.n_batch,
+            "n_params": model.n_params,
+            "size_bytes": model.info.size_bytes,
+            "backend": self.backend,
+            "gpu_layers": self.gpu_layers,
+            "kernels": self.kernels,
+            "llama_cpp_python": metadata.version("llama-cpp-python"),
+        }
+
+    def identity(self) -> Identity:
+        """What a state blob must have been made with to be loaded here."""
+        params = self.ctx.params
+        return Identity(
+            model_sha256=file_sha256(self.model.path),
+            llama_cpp_python=_llama_cpp_version(),
+            n_ctx=self.n_ctx,
+            n_batch=self.n_batch,
+            type_k=params.type_k,
+            type_v=params.type_v,
+            flash_attn=params.flash_attn.value,
+            swa_full=params.swa_full,
+            n_seq_max=1,
+            flags=STATE_FLAGS,
+            devices=self.devices,
+            kernels=self.kernels,
+        )
+
+    # --- the live cache ----------------------------------------------------------------
+
+    @property
+    def live_tokens(self) -> tuple[int, ...]:
+        """The tokens the context holds, positions 0..n-1."""
+        return tuple(self._live)
+
+    @property
+    def canonical_tokens(self) -> int:
+        """How many leading live tokens hold exactly the state their decode schedule gives.
+
+        Tokens decoded one at a time during generation take llama.cpp's single-token
+        kernels, whose results differ from a batched decode of the same tokens (on
+        SmolLM2 Q4_1, by up to 0.46 in the logits after 64 tokens). Reusing them would
+        break the invariant, so they are decoded again, in the next prompt's chunks.
+        """
+        return self._bounds[-1] if self._bounds else 0
+
+    @property
+    def live_scope(self) -> str:
+        """The cache scope the live state was prepared for."""
+        return self._live_scope
+
+    @property
+    def live_bounds(self) -> tuple[int, ...]:
+        """The chunk ends the canonical live prefix was decoded with."""
+        return tuple(self._bounds)
+
+    def schedule(self, length: int, marks: Iterable[int] = ()) -> Schedule:
+        """The decode schedule of a target of `length` tokens with these marks."""
+        return decode_schedule(length, n_batch=self.n_batch, grid=self.grid, marks=marks)
+
+    def clear(self) -> None:
+        self.flush_capture()
+        self.ctx.clear()
+        self._live = []
+        self._bounds = []
+        self._settled = False
+
+    def live_reuse(self, target: Sequence[int], schedule: Schedule | None = None) -> int:
+        """How many leading tokens of `target` the live cache can keep, for this memory kind.
+
+        Only a chunk end of the target's schedule that the live prefix was decoded up to
+        with the same chunk ends qualifies, and never the target's end: its last chunk is
+        always decoded (saved state holds no logits). The answer never comes from
+        `seq_rm`'s return value: it comes from the memory kind and the positions llama.cpp
+        reports.
+        """
+        schedule = schedule or self.schedule(len(target))
+        if not self._bounds:
+            return 0
+        common = _common_prefix(self._live[: self.canonical_tokens], target)
+        agreed = _common_prefix(self._bounds, schedule.ends[:-1])
+        usable = [end for end in self._bounds[:agreed] if end <= common]
+        if not usable:
+            return 0
+        if self.memory_kind is not MemoryKind.DENSE:
+            # Recurrent and hybrid state cannot be cut back; a sliding-window cache cut back
+            # would place the next tokens in other cells than a fresh decode (see
+            # `_settles`). Usable only if all of it is canonical and a chunk end of the target.
+            n = len(self._live)
+            return n if usable[-1] == n else 0
+        reuse = usable[-1]
+        return reuse if self._window_holds(reuse) else 0
+
+    def _window_holds(self, n: int) -> bool:
+        """Whether the cache holds what a token at position `n` attends to.
+
+        Dense caches must start at position 0. Sliding-window caches drop positions below
+        the window, and `seq_rm` returns true even when it leaves nothing usable (LESSONS),
+        so `pos_min` decides. Recurrent state has no positions to check here.
+        """
+        if self.memory_kind is MemoryKind.DENSE:
+            return self.ctx.pos_min() == 0
+        if self.memory_kind is MemoryKind.SLIDING_WINDOW:
+            return self.ctx.pos_min() <= max(0, n - max(1, self.n_swa))
+        return True
+
+    # --- checkpoints -------------------------------------------------------------------
+
+    def capture(self, node_id: int | None = None) -> Checkpoint:
+        """Save the state of the live tokens. Only canonical state is worth saving."""
+        if self.canonical_tokens != len(self._live) or not self._live:
+            raise RuntimeError("capture() needs a live cache that holds only prompt tokens")
+        blob = self.ctx.state_get(STATE_FLAGS)
+        return Checkpoint(
+            tokens=tuple(self._live), blob=blob, bounds=tuple(self._bounds), flags=STATE_FLAGS,
+            node_id=node_id, scope=self._live_scope,
+        )
+
+    def restore(self, checkpoint: Checkpoint) -> bool:
+        """Load a checkpoint and verify it. On any failure the sequence is cleared."""
+        self.flush_capture()
+        self.clear()
+        problem = self._load_and_verify(checkpoint)
+        if problem is not None:
+            log.warning("checkpoint %d %s; dropping it", checkpoint.id, problem)
+            self.clear()
+            return False
+        self._live = list(checkpoint.tokens)
+        self._bounds = list(checkpoint.bounds)
+        self._live_scope = checkpoint.scope
+        self._settled = True  # loaded into a cleared cache: laid out from cell 0
+        return True
+
+    def _load_and_verify(self, checkpoint: Checkpoint) -> str | None:
+        """Hand the blob to llama.cpp and check the result; the problem, or None."""
+        if checkpoint.blob is None:
+            return "has no state loaded"
+        if not checkpoint.bounds or checkpoint.bounds[-1] != checkpoint.n_tokens:
+            return "was decoded with an unknown schedule"
+        read = self.ctx.state_set(checkpoint.blob, checkpoint.flags)
+        if read != checkpoint.size:
+            return f"was read as {read} of {checkpoint.size} bytes"
+        pos_max = self.ctx.pos_max()
+        if pos_max != checkpoint.pos_max:
+            return f"restored to position {pos_max}, expected {checkpoint.pos_max}"
+        if not self._window_holds(checkpoint.n_tokens):
+            return "lacks the tokens the next ones attend to"
+        return None
+
+    # --- preparing a prompt -------------------------------------------------------------
+
+    def prepare(
+        self,
+        target: Sequence[int],
+        *,
+        marks: Iterable[int] = (),
+        use_live: bool = True,
+        checkpoints: Sequence[Checkpoint] = (),
+        fetch: Callable[[Checkpoint], Checkpoint | None] | None = None,
+        save_at: Sequence[int] = (),
+        on_checkpoint: Callable[[Checkpoint], None] | None = None,
+        on_progress: ProgressFn | None = None,
+        on_plan: PlanFn | None = None,
+        cancel: CancelFn | None = None,
+        scope: str = "",
+    ) -> PrepareReport:
+        """Bring the context to hold exactly `target`, with logits for its last token.
+
+        `marks` are the path's structural positions (node ends, reply openings); with
+        `n_batch` and the grid they fix the target's decode schedule, which every chunk
+        decoded here follows. Candidates are the live cache and every checkpoint whose
+        tokens are a prefix of the target and whose chunk ends agree with the schedule,
+        ending before the target's last chunk; the one that leaves the least to decode wins
+        (ties go to the live cache). Every restore is verified; a failed one is reported in
+        `failed_checkpoints` and the next candidate is tried. While decoding, the state is
+        captured after each chunk end in `save_at` and passed to `on_checkpoint`.
+
+        `scope` is whose request this is (engine.storage.checkpoints): the live cache is a candidate
+        only if it was prepared for the same scope, a checkpoint only if it was made for it.
+        So what is reused never depends on another scope's requests.
+
+        A checkpoint asked for at the very end of the target is taken later, by
+        `flush_capture`: `generate` calls it once the first token is sampled (sampling reads
+        the logits and leaves the cache as it is), so copying the cache costs no time to the
+        first token. Anything that changes the context flushes it first.
+        """
+        self.flush_capture()
+        target = list(target)
+        if not target:
+            raise ValueError("a prompt needs at least one token")
+        if len(target) >= self.n_ctx:
+            raise ContextOverflowError(len(target), self.n_ctx)
+        schedule = self.schedule(len(target), marks)
+        stray = sorted(set(save_at) - set(schedule.ends))
+        if stray:
+            raise ValueError(f"checkpoints can only be taken at chunk ends, not at {stray}")
+        started = time.perf_counter()
+        plans: list[tuple[int, int, Checkpoint | None]] = []
+        if use_live and scope == self._live_scope:
+            plans.append((self.live_reuse(target, schedule), 1, None))
+        for checkpoint in checkpoints:
+            if (
+                checkpoint.scope == scope
+                and checkpoint.n_tokens < len(target)
+                and schedule.agrees(checkpoint.bounds)
+                and checkpoint.is_prefix_of(target)
+            ):
+                plans.append((checkpoint.n_tokens, 0, checkpoint))
+        plans.sort(key=lambda plan: (plan[0], plan[1]), reverse=True)
+        failed: list[int] = []
+        reuse, source, used = 0, Source.NONE, None
+        for n, _, candidate in plans:
+            if n == 0:
+                break
+            if candidate is None:
+                reuse = self._keep_live_prefix(n)
+                if reuse:
+                    source = Source.LIVE
+                    break
+            else:
+                loaded = candidate if candidate.blob is not None or fetch is None else fetch(
+                    candidate
+                )
+                if loaded is not None and loaded.blob is not None and self.restore(loaded):
+                    reuse, source, used = n, Source.CHECKPOINT, candidate
+                    break
+                failed.append(candidate.id)
+        if source is Source.NONE:
+            self.clear()
+        self._live_scope = scope  # what the cache holds now is this scope's alone
+        if on_plan is not None:
+            on_plan(len(target), reuse, source, used.pos_max if used is not None else None)
+        saves = {p for p in save_at if p > reuse}
+        self._decode_tail(target, schedule.chunks(reuse), saves, on_checkpoint, on_progress,
+                          cancel)
+        if self._guard.armed and len(target) - reuse > 1:
+            self._guard.disarm()  # the model's first prompt decoded: these kernels work here
+        return PrepareReport(
+            prompt_tokens=len(target),
+            reused_tokens=reuse,
+            decoded_tokens=len(target) - reuse,
+            source=source,
+            checkpoint_pos=used.pos_max if used is not None else None,
+            prefill_ms=(time.perf_counter() - started) * 1000.0,
+            checkpoint_id=used.id if used is not None else None,
+            failed_checkpoints=tuple(failed),
+        )
+
+    def _keep_live_prefix(self, reuse: int) -> int:
+        """Cut the live cache back to `reuse` tokens and check that it really holds them."""
+        if reuse < len(self._live) and not self.ctx.seq_rm(reuse, -1):
+            log.info("seq_rm(%d) refused; decoding from scratch", reuse)
+            self.clear()
+            return 0
+        del self._live[reuse:]
+        self._bounds = [end for end in self._bounds if end <= reuse]
+        if self.ctx.pos_max() != reuse - 1:
+            log.warning(
+                "live cache holds up to position %d, expected %d; decoding from scratch",
+                self.ctx.pos_max(), reuse - 1,
+            )
+            self.clear()
+            return 0
+        return reuse
+
+    def _decode_tail(
+        self,
+        target: list[int],
+        ends: list[int],
+        saves: set[int],
+        on_checkpoint: Callable[[Checkpoint], None] | None,
+        on_progress: ProgressFn | None,
+        cancel: CancelFn | None,
+    ) -> None:
+        """Decode the chunks ending at `ends`, from where the live prefix ends."""
+        start = len(self._live)
+        total = len(target) - start
+        if on_progress:
+            on_progress(0, total)
+        self.ctx.arm_abort(cancel)
+        try:
+            position = start
+            for end in ends:
+                if cancel and cancel():
+                    raise Cancelled()
+                if self._settles and not self._settled and self._live:
+                    self._settle()
+                chunk = target[position:end]
+                status = self.ctx.decode(chunk, position, want_logits=end == len(target))
+                if status == 2:
+                    self._resync_after_abort()
+                    raise Cancelled()
+                self._live.extend(chunk)
+                self._bounds.append(end)
+                self._settled = False
+                position = end
+                keep = on_checkpoint if end in saves else None
+                if end == len(target):
+                    if keep is not None:
+                        self._pending_capture = self._capture_into(keep)
+                elif self._settles:
+                    settled = self._settle()  # before the next chunk; its blob is the save
+                    if keep is not None:
+                        keep(settled)
+                elif keep is not None:
+                    keep(self.capture())
+                if on_progress:
+                    on_progress(end - start, total)
+        except ArborError:
+            raise
+        except BaseException:
+            self._resync_after_abort()
+            raise
+        finally:
+            self.ctx.arm_abort(None)
+
+    def _settle(self) -> Checkpoint:
+        """Save the live state and load it back into the cleared cache (see `_settles`)."""
+        checkpoint = self.capture()
+        self.ctx.clear()
+        problem = self._load_and_verify(checkpoint)
+        if problem is not None:  # llama.cpp refused its own state just saved: a bug there
+            self.clear()
+            raise DecodeError(f"the context's own state {problem}")
+        self._settled = True
+        return checkpoint
+
+    def _capture_into(self, keep: Callable[[Checkpoint], None]) -> Callable[[], None]:
+        held = len(self._live)
+
+        def capture() -> None:
+            if len(self._live) == held and self.canonical_tokens == held:
+                keep(self.capture())
+            else:  # cannot happen while every change flushes first; never save a wrong state
+                log.warning("deferred checkpoint dropped: the context changed before it")
+
+        return capture
+
+    def flush_capture(self) -> None:
+        """Take the deferred prompt-end checkpoint now, if one is waiting."""
+        pending, self._pending_capture = self._pending_capture, None
+        if pending is not None:
+            pending()
+
+    def _resync_after_abort(self) -> None:
+        """After an aborted decode, keep the live prefix only if the cache still holds
+        exactly the chunks that completed (one chunk is one ubatch, rolled back whole)."""
+        if self.memory_kind is not MemoryKind.DENSE:
+            # An aborted graph may have half-updated a recurrent state, and a sliding-window
+            # cache may have given cells of old positions to the rolled-back chunk: drop it.
+            self.clear()
+            return
+        if self.ctx.pos_max() + 1 != len(self._live):
+            self.clear()
+
+    # --- generating --------------------------------------------------------------------
+
+    def generate(
+        self,
+        *,
+        max_tokens: int,
+        sampling: SamplingParams,
+        seed: int,
+        on_token: TokenFn | None = None,
+        cancel: CancelFn | None = None,
+    ) -> Generation:
+        """Sample a reply after `prepare()`. Stops at end-of-generation, max_tokens, a full
+        context or cancellation; the cache then holds the prompt and every decoded token."""
+        if not self._live:
+            raise RuntimeError("generate() needs a prepared prompt")
+        started = time.perf_counter()
+        sampler = Sampler(sampling, seed)
+        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        tokens: list[int] = []
+        pieces: list[str] = []
+        ttft_ms: float | None = None
+        finish = FinishReason.LENGTH
+        try:
+            while len(tokens) < max_tokens:
+                if cancel and cancel():
+                    finish = FinishReason.CANCELLED
+                    break
+                token = sampler.sample(self.ctx)
+                if ttft_ms is None:
+                    ttft_ms = (time.perf_counter() - started) * 1000.0
+                if self.model.is_eog(token):
+                    finish = FinishReason.STOP
+                    break
+                tokens.append(token)
+                piece = decoder.decode(self.model.token_bytes(token))
+                pieces.append(piece)
+                if on_token:
+                    on_token(token, piece)
+                if len(tokens) >= max_tokens:
+                    break
+                if len(self._live) + 1 >= self.n_ctx:
+                    finish = FinishReason.CONTEXT_FULL
+                    break
+                self.flush_capture()  # after the first token is out, before the cache moves
+                # One token per decode; cancellation is checked between tokens, so the abort
+                # callback stays disarmed and the cache never holds a half-decoded token.
+                self.ctx.decode([token], len(self._live))
+                self._live.append(token)
+        finally:
+            sampler.close()
+            self.flush_capture()  # a reply that ended before its first decode
+        pieces.append(decoder.decode(b"", final=True))
+        return Generation(
+            tokens=tuple(tokens),
+            text="".join(pieces),
+            finish=finish,
+            ttft_ms=ttft_ms,
+            decode_ms=(time.perf_counter() - started) * 1000.0,
+        )
+
+    def last_logits(self) -> np.ndarray:
+        """The logits of the last decoded token (for tests of the invariant)."""
+        return self.ctx.logits()
+
+
+def _llama_cpp_version() -> str:
+    from importlib import metadata
+
+    return metadata.version("llama-cpp-python")
+
+
+def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i

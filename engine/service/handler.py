@@ -1,0 +1,427 @@
+"""The engine service: the one owner of llama.cpp, taking requests and reporting events.
+
+`EngineService.handle(request)` runs one request (`engine.service.protocol`) to the end on the
+calling
+thread and reports through `emit`. A front end runs it on one thread (the window's engine
+thread) or in a process of its own; either way nothing else touches the runtime. Stop and
+pre-emption come through a `Control`, which the engine checks between chunks, inside a chunk
+(llama.cpp's abort callback) and between tokens.
+
+Warm-ups (preparing the likely next prompt while the user reads) are pre-empted by any real
+request: the front end bumps the control's epoch before sending one, and a warm-up whose epoch
+is stale stops within a chunk, so the real request waits at most that.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Protocol
+
+from engine.config.endpoints import parse_endpoint
+from engine.config.params import CheckpointOptions
+from engine.config.settings import Effect, Settings, effect_of
+from engine.core.errors import ArborError, Cancelled, ContextOverflowError
+from engine.core.results import ReplyReport, Source
+from engine.files.paths import data_dirs
+from engine.llm.generator import Generator
+from engine.llm.reply import rendered, run_reply
+from engine.llm.rpc import WorkersUnreachable
+from engine.llm.runtime import Runtime
+from engine.service.protocol import (
+    AdoptCheckpoints,
+    ConfigureRequest,
+    EngineOptions,
+    Event,
+    ExportDone,
+    ExportRequest,
+    Failed,
+    ForgetRequest,
+    GenerateRequest,
+    LoadFailed,
+    LoadProgress,
+    LoadRequest,
+    ModelLoaded,
+    Piece,
+    Plan,
+    Progress,
+    ReplyDone,
+    Request,
+    StoreUsage,
+    Sync,
+    Synced,
+    TemplateChanged,
+    Warmed,
+    WarmRequest,
+)
+from engine.storage.checkpoints import CheckpointStore
+from engine.storage.formats.arbor_file import SessionCheckpoint, write_session
+from engine.storage.keyfile import installation_key
+
+log = logging.getLogger(__name__)
+
+Emit = Callable[[Event], None]
+
+
+class Control(Protocol):
+    """What the front end can do to a request while it runs (thread- or process-safe)."""
+
+    def stop(self, request_id: int | None = None) -> None:
+        """Stop the reply of `request_id` (running or queued), or (None) whatever runs."""
+    def stop_requested(self, request_id: int | None = None) -> bool: ...
+    def clear_stop(self) -> None:
+        """A new reply is queued: a stop for no reply in particular, sent before it, was for
+        an earlier one. Called in the order of the messages (never when the reply starts,
+        which may be later than a stop sent for it)."""
+    def finished(self, request_id: int) -> None:
+        """The reply of `request_id` ended: a stop kept for it is no longer needed."""
+    def preempt(self) -> int:
+        """A real request follows: warm-ups in flight or queued become stale. Returns the
+        new epoch."""
+    def epoch(self) -> int: ...
+
+
+class ThreadControl:
+    """A `Control` for an engine on another thread of the same process."""
+
+    def __init__(self) -> None:
+        self._stop = threading.Event()
+        # Replies stopped by id: kept until the reply ends (a stop may come before its reply
+        # has started), never cleared by another reply queued after the stop.
+        self._stopped: set[int] = set()
+        self._epoch = 0
+        self._lock = threading.Lock()
+
+    def stop(self, request_id: int | None = None) -> None:
+        if request_id is None:
+            self._stop.set()
+        else:
+            with self._lock:
+                self._stopped.add(request_id)
+
+    def stop_requested(self, request_id: int | None = None) -> bool:
+        return self._stop.is_set() or (request_id is not None and request_id in self._stopped)
+
+    def clear_stop(self) -> None:
+        self._stop.clear()
+
+    def finished(self, request_id: int) -> None:
+        with self._lock:
+            self._stopped.discard(request_id)
+
+    def preempt(self) -> int:
+        with self._lock:
+            self._epoch += 1
+            return self._epoch
+
+    def epoch(self) -> int:
+        return self._epoch
+
+    def set_epoch(self, epoch: int) -> None:
+        """The front end's count, when it counts (an engine in its own process)."""
+        with self._lock:
+            self._epoch = max(self._epoch, epoch)
+
+
+class EngineService:
+    def __init__(self, emit: Emit, control: Control) -> None:
+        self._emit = emit
+        self.control = control
+        self._generator: Generator | None = None
+        self._settings = Settings()
+        self._path: str | None = None
+
+    def handle(self, request: Request) -> None:
+        """Run one request to the end; a bug in it is logged and reported, never raised."""
+        match request:
+            case LoadRequest():
+                self.load(request)
+            case ConfigureRequest():
+                self.configure(request.settings)
+            case WarmRequest():
+                self.warm(request)
+            case GenerateRequest():
+                self.generate(request)
+            case ExportRequest():
+                self.export_session(request)
+            case AdoptCheckpoints():
+                self.adopt(request)
+            case ForgetRequest():
+                self.forget(request.node_ids)
+            case Sync():
+                self._emit(Synced(request.token))
+
+    # --- the model ---------------------------------------------------------------------------
+
+    def load(self, request: LoadRequest) -> None:
+        settings = request.settings
+        options = request.options or _options_of(settings, request.path)
+        shown = [-1.0]
+
+        def on_load_progress(fraction: float) -> None:
+            # llama.cpp reports every tensor (hundreds of calls): pass on whole percents.
+            if fraction >= 1.0 or fraction - shown[0] >= 0.01:
+                shown[0] = fraction
+                self._emit(LoadProgress(request.path, fraction))
+
+        skipped: tuple[str, ...] = ()
+        try:
+            try:
+                runtime = Runtime(
+                    Path(request.path), options.runtime, on_load_progress=on_load_progress
+                )
+            except WorkersUnreachable as exc:
+                if not request.without_unreachable_workers:
+                    raise
+                skipped = exc.endpoints  # the window: run without them, and say so
+                runtime = Runtime(
+                    Path(request.path),
+                    replace(options.runtime, rpc_workers=tuple(
+                        w for w in options.runtime.rpc_workers
+                        if str(parse_endpoint(w)) not in skipped)),
+                    on_load_progress=on_load_progress)
+                runtime.notices.insert(0, f"{exc}; running without "
+                                          f"{'them' if len(skipped) > 1 else 'it'}")
+        except ArborError as exc:
+            self._emit(LoadFailed(request.path, str(exc)))  # the previous model keeps working
+            return
+        except Exception as exc:  # a bug, not the file: still never leave the front end waiting
+            log.exception("loading %s failed", request.path)
+            self._emit(LoadFailed(
+                request.path, f"an internal error stopped the load ({type(exc).__name__})"))
+            return
+        identity = runtime.identity()  # hashes the model file (cached, but once is enough)
+        store_options = options.checkpoints
+        try:
+            generator = Generator(
+                runtime, sampling=options.sampling, use_cache=options.use_cache,
+                checkpoints=CheckpointStore(
+                    identity, key=installation_key(), ram_budget=store_options.ram_budget,
+                    disk_dir=store_options.disk_dir, disk_budget=store_options.disk_budget,
+                ) if options.use_cache else None,
+                checkpoint_interval=store_options.interval,
+                template=options.template,
+            )
+        except ArborError as exc:  # a chat template Jinja or llama.cpp cannot use; a bad key
+            runtime.close()
+            self._emit(LoadFailed(request.path, str(exc)))
+            return
+        self.close()
+        self._settings = settings
+        self._path = request.path
+        self._generator = generator
+        self._emit(ModelLoaded(
+            name=runtime.model.info.name,
+            path=str(runtime.model.path),
+            architecture=runtime.model.info.architecture,
+            memory_kind=runtime.memory_kind.value,
+            backend=runtime.backend,
+            n_ctx=runtime.n_ctx,
+            notices=tuple(runtime.notices),
+            identity=identity,
+            template=generator.template.describe(),
+            template_name=generator.template.name,
+            details=tuple(runtime.report().items()),
+        ))
+        self._emit_usage()
+
+    def configure(self, settings: Settings) -> None:
+        effect = effect_of(self._settings, settings)
+        generator = self._generator
+        if effect in (Effect.RELOAD, Effect.INVALIDATE) and self._path is not None:
+            self.load(LoadRequest(self._path, settings, without_unreachable_workers=True))
+            return
+        previous, self._settings = self._settings, settings
+        if generator is None:
+            return
+        generator.configure(sampling=settings.sampling(),
+                            checkpoint_interval=settings.checkpoint_interval)
+        if self._path is not None:
+            chosen = settings.template_for(self._path)
+            if chosen != previous.template_for(self._path):
+                generator.use_template(chosen)
+                self._emit(TemplateChanged(generator.template.describe()))
+        if generator.checkpoints is not None:
+            generator.checkpoints.configure(ram_budget=settings.ram_budget(),
+                                            disk_dir=self._disk_dir(settings))
+        self._emit_usage()
+
+    # --- replies -----------------------------------------------------------------------------
+
+    def warm(self, request: WarmRequest) -> None:
+        """Every warm request is answered with `Warmed`; `done` is False when it did not run
+        to the end (stale, pre-empted, failed: a warm-up is only an optimisation)."""
+        generator = self._generator
+        skipped = Warmed(request.conversation_id, request.path[-1].id, 0, None, done=False)
+        if generator is None or request.epoch != self.control.epoch():
+            self._emit(skipped)
+            return
+
+        def stale() -> bool:
+            return request.epoch != self.control.epoch()
+
+        path = [view.to_node() for view in request.path]
+        untokenized = {node.id for node in path if node.tokens is None}
+        try:
+            prepared = generator.warm(path, cancel=stale, max_tokens=request.max_tokens,
+                                      overflow=request.overflow, scope=request.scope)
+        except Cancelled:
+            log.debug("warm-up pre-empted")
+            self._emit(skipped)
+            return
+        except ArborError as exc:
+            log.info("warm-up skipped: %s", exc)
+            self._emit(skipped)
+            return
+        except Exception:  # a warm-up is an optimisation: a bug in it must not cost a reply
+            log.exception("warm-up failed")
+            self._emit(skipped)
+            return
+        report = ReplyReport.of_prepare(prepared) if prepared is not None else None
+        self._emit(Warmed(request.conversation_id, request.path[-1].id,
+                          generator.runtime.canonical_tokens, report,
+                          rendered(path, untokenized)))
+        if prepared is not None:
+            generator.after_reply()
+            self._emit_usage()
+
+    def generate(self, request: GenerateRequest) -> None:
+        try:
+            self._generate(request)
+        finally:
+            self.control.finished(request.request_id)
+
+    def _generate(self, request: GenerateRequest) -> None:
+        generator = self._generator
+        if generator is None:
+            self._emit(_failed(request, "no model is loaded"))
+            return
+
+        def on_plan(prompt: int, reused: int, source: Source, position: int | None) -> None:
+            self._emit(Plan(request.request_id, prompt, reused, source.value, position))
+
+        def on_progress(done: int, total: int) -> None:
+            self._emit(Progress(request.request_id, done, total))
+
+        opened = False
+
+        def on_opened() -> None:
+            nonlocal opened
+            opened = True
+
+        def on_piece(piece: str) -> None:
+            self._emit(Piece(request.request_id, request.conversation_id, request.reply_id,
+                             piece, opened))
+
+        try:
+            result = run_reply(
+                generator, [view.to_node() for view in request.path],
+                resume=request.resume.to_node() if request.resume is not None else None,
+                max_tokens=request.max_tokens, seed=request.seed, on_plan=on_plan,
+                on_progress=on_progress, on_piece=on_piece, on_opened=on_opened,
+                cancel=lambda: self.control.stop_requested(request.request_id),
+                sampling=request.sampling, overflow=request.overflow, scope=request.scope,
+            )
+        except Cancelled:
+            self._emit(_failed(request, ""))
+            return
+        except ArborError as exc:
+            overflow = ((exc.prompt_tokens, exc.n_ctx)
+                        if isinstance(exc, ContextOverflowError) else None)
+            self._emit(replace(_failed(request, str(exc)), overflow=overflow))
+            return
+        except Exception as exc:  # a bug: report it, never leave the front end waiting
+            log.exception("the reply failed")
+            self._emit(_failed(request, f"an internal error stopped the reply "
+                                        f"({type(exc).__name__}); what was written is saved"))
+            return
+        self._emit(ReplyDone(request.request_id, request.conversation_id, request.reply_id,
+                             result))
+        generator.after_reply()
+        self._emit_usage()
+
+    # --- checkpoints -------------------------------------------------------------------------
+
+    def export_session(self, request: ExportRequest) -> None:
+        """Write the session file here: the checkpoints live with the engine, and a file of a
+        few hundred MiB should not hold the front end. Only this conversation's checkpoints go
+        (global node ids carry the conversation), and only the window's (an API client's
+        state is not the window's to give), read back from disk where spilled."""
+        generator = self._generator
+        items: list[SessionCheckpoint] = []
+        if generator is not None and generator.checkpoints is not None:
+            store = generator.checkpoints
+            for checkpoint in store.all():
+                node = checkpoint.node_id
+                if node is None or node >> 32 != request.conversation_id or checkpoint.scope:
+                    continue
+                loaded = store.fetch(checkpoint)
+                if loaded is not None and loaded.blob is not None:
+                    items.append(SessionCheckpoint(0, loaded, store.identity))
+        try:
+            write_session(Path(request.path), list(request.records), items)
+        except (ArborError, OSError) as exc:
+            message = exc.strerror if isinstance(exc, OSError) else str(exc)
+            self._emit(ExportDone(request.path, 0, f"it could not be written: {message}"))
+            return
+        self._emit(ExportDone(request.path, len(items), None))
+
+    def adopt(self, request: AdoptCheckpoints) -> None:
+        """Checkpoints from an imported session file: kept if they fit this context. Keyed
+        by their tokens, they serve the imported conversation without any id mapping; they
+        are the window's, whatever made them."""
+        generator = self._generator
+        store = generator.checkpoints if generator is not None else None
+        if store is None or store.identity != request.identity:
+            log.info("imported checkpoints do not fit the loaded model; not kept")
+            return
+        for checkpoint in request.checkpoints:
+            store.add(replace(checkpoint, node_id=None, scope=""))
+        store.enforce_budget()
+        self._emit_usage()
+
+    def forget(self, node_ids: tuple[int, ...]) -> None:
+        if self._generator is not None:
+            self._generator.forget(node_ids)
+            self._emit_usage()
+
+    # --- lifetime ----------------------------------------------------------------------------
+
+    def close(self) -> None:
+        """Free the model and its context (on the engine's own thread)."""
+        if self._generator is not None:
+            self._generator.runtime.close()
+            self._generator = None
+
+    @staticmethod
+    def _disk_dir(settings: Settings) -> Path | None:
+        return data_dirs().cache / "checkpoints" if settings.disk_tier else None
+
+    def _emit_usage(self) -> None:
+        store = self._generator.checkpoints if self._generator is not None else None
+        if store is None:
+            return
+        stats = store.stats()
+        self._emit(StoreUsage(
+            count=stats.count, ram_bytes=stats.ram_bytes, disk_bytes=stats.disk_bytes,
+            ram_budget=stats.ram_budget,
+            nodes=tuple(sorted(store.nodes_with_checkpoints().items())),
+            stats=tuple(asdict(stats).items()),
+        ))
+
+
+def _options_of(settings: Settings, model: str) -> EngineOptions:
+    """The app's settings as engine options."""
+    return EngineOptions(
+        runtime=settings.runtime(), sampling=settings.sampling(),
+        checkpoints=CheckpointOptions(interval=settings.checkpoint_interval,
+                                      ram_budget=settings.ram_budget(),
+                                      disk_dir=EngineService._disk_dir(settings)),
+        template=settings.template_for(model))
+
+
+def _failed(request: GenerateRequest, message: str) -> Failed:
+    return Failed(request.request_id, request.conversation_id, request.reply_id, message)

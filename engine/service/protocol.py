@@ -1,0 +1,357 @@
+"""What a front end says to the engine, and what the engine says back: immutable values.
+
+The engine service (`engine.service.handler`) takes one request at a time and answers with events.
+The same values serve the engine on a thread of the window's process and the engine in a
+process of its own, so every field is plain data (no callables, no open files) and this module
+loads no native library. Node ids are the front end's: the window sends global ids
+(conversation << 32 | node) so that checkpoints of different conversations never collide.
+A request's `scope` says whose it is ("" the window's; the API gives each `user` one): the
+engine reuses cached state only within a scope (engine.storage.checkpoints).
+
+Stop and pre-emption do not queue behind a running request: they go through the `Control`
+the service was built with (flags and a counter the engine checks between chunks, inside a
+chunk and between tokens).
+"""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+from engine.config.params import CheckpointOptions, RuntimeSettings, SamplingParams
+from engine.config.settings import Settings
+from engine.core.overflow import Overflow
+from engine.core.records import ConversationRecord
+from engine.core.results import NodeView, ReplyReport, ReplyResult
+from engine.storage.checkpoints import Checkpoint, Identity
+
+# --- requests --------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """A load as the command line asks for it (the app's loads come from its `Settings`)."""
+
+    runtime: RuntimeSettings
+    sampling: SamplingParams
+    checkpoints: CheckpointOptions
+    use_cache: bool = True  # False: every prompt decoded whole (the reference)
+    template: str | None = None  # a chat template by name; None: automatic
+
+
+@dataclass(frozen=True)
+class LoadRequest:
+    path: str
+    settings: Settings = field(default_factory=Settings)
+    options: EngineOptions | None = None  # given: these, not `settings`
+    # The window's loads: an RPC worker that does not answer is left out (and the notice
+    # names it) instead of failing the load; the command line refuses instead.
+    without_unreachable_workers: bool = False
+
+
+@dataclass(frozen=True)
+class ConfigureRequest:
+    """New settings: applied at once, or by loading the model again when the context has to
+    change (the front end has told the user what that costs)."""
+
+    settings: Settings
+
+
+@dataclass(frozen=True)
+class WarmRequest:
+    """Prepare `path` (ending with a complete message) while nothing else runs.
+
+    `epoch` is the engine's real-request count when this was sent: any real request sent
+    since makes it stale, and a stale warm-up stops at once (within a chunk)."""
+
+    epoch: int
+    conversation_id: int
+    path: tuple[NodeView, ...]
+    max_tokens: int = 512  # with `overflow`: which part of the path a reply would read
+    overflow: Overflow = Overflow.STOP
+    scope: str = ""  # whose state it prepares: "" the window's
+
+
+@dataclass(frozen=True)
+class GenerateRequest:
+    request_id: int
+    conversation_id: int
+    reply_id: int  # the reply node the front end created (or the one being continued)
+    path: tuple[NodeView, ...]  # root .. the message being answered
+    resume: NodeView | None  # continue this reply instead of starting a new one
+    max_tokens: int
+    seed: int
+    sampling: SamplingParams | None = None  # this reply's own (API requests); else configured
+    overflow: Overflow = Overflow.STOP  # when the path outgrows the context (engine.core.overflow)
+    scope: str = ""  # whose request: only this scope's cached state is reused ("" the window)
+
+
+@dataclass(frozen=True)
+class ExportRequest:
+    """Write a session file with the conversation and the engine's checkpoints for it."""
+
+    path: str
+    conversation_id: int
+    records: tuple[ConversationRecord, ...]
+
+
+@dataclass(frozen=True)
+class AdoptCheckpoints:
+    """Checkpoints read from an imported session file (verified against `identity`): the
+    window's (scope "")."""
+
+    identity: Identity
+    checkpoints: tuple[Checkpoint, ...]
+
+
+@dataclass(frozen=True)
+class ForgetRequest:
+    """Deleted branches: free their checkpoints."""
+
+    node_ids: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class Sync:
+    """Answered with `Synced(token)` once every request before it is done: every event
+    they caused has been sent."""
+
+    token: int
+
+
+Request = (LoadRequest | ConfigureRequest | WarmRequest | GenerateRequest | ExportRequest
+           | AdoptCheckpoints | ForgetRequest | Sync)
+
+# --- control: acted on at once by an engine in its own process, never queued ----------------
+
+
+@dataclass(frozen=True)
+class Stop:
+    """Stop a reply (within a chunk or a token): the one of `request_id`, running or still
+    queued, or with None whatever runs. Two front ends share the app's engine (the window
+    and its local API): each stops its own reply only."""
+
+    request_id: int | None = None
+
+
+@dataclass(frozen=True)
+class Preempt:
+    """Real requests sent so far: a warm-up of an older epoch is stale."""
+
+    epoch: int
+
+
+@dataclass(frozen=True)
+class Shutdown:
+    """Finish nothing more; free the model and exit."""
+
+
+class CrashKind(StrEnum):
+    ABORT = "abort"  # abort(): what llama.cpp does on GGML_ASSERT or an RPC failure
+    KILL = "kill"  # SIGKILL, as the out-of-memory killer does
+
+
+@dataclass(frozen=True)
+class Crash:
+    """A fault injected by the tests: the engine process dies at once, however busy."""
+
+    kind: CrashKind = CrashKind.ABORT
+
+
+Control = Stop | Preempt | Shutdown | Crash
+
+# --- events ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class EngineStarted:
+    """An engine process is up (sent first, before any request is taken)."""
+
+    pid: int
+    builtin_templates: tuple[str, ...]  # the chat templates llama.cpp knows by name
+
+
+# The engine process's exit status when a message from the front end cannot be read (a
+# front end and an engine of different versions, or a bug): it ends rather than go deaf.
+EXIT_UNREADABLE = 3
+
+
+@dataclass(frozen=True)
+class Alive:
+    """The engine process's heartbeat, sent every `engine.service.process.HEARTBEAT_S` whatever it
+    is
+    doing; it never leaves `engine.service.process` (a silent engine is declared dead there)."""
+
+
+@dataclass(frozen=True)
+class EngineDied:
+    """The engine process ended without being asked to (sent by the front end's client)."""
+
+    exitcode: int | None  # negative: killed by that signal
+    # Set when it faulted loading a model or decoding its first prompt: it loads that model
+    # without weight repacking from now on (engine.llm.repack), in words.
+    kernels_fallback: str | None = None
+    # Set when it went silent (no event, not even a heartbeat, for that long) and was killed.
+    silent_s: float | None = None
+
+    def describe(self) -> str:
+        if self.kernels_fallback is not None:
+            return self.kernels_fallback
+        if self.silent_s is not None:
+            return f"it stopped answering (no sign of life for {self.silent_s:.0f} s)"
+        code = self.exitcode
+        if code is None:
+            return "it stopped answering"
+        if code == EXIT_UNREADABLE:
+            return "it could not read a message from the app"
+        if code < 0:
+            try:
+                name = signal.Signals(-code).name
+            except ValueError:
+                name = f"signal {-code}"
+            return {"SIGABRT": "llama.cpp aborted", "SIGKILL": "it was killed (out of memory?)",
+                    "SIGSEGV": "it crashed"}.get(name, f"it ended on {name}")
+        return f"it exited with status {code}"
+
+
+@dataclass(frozen=True)
+class LoadProgress:
+    path: str
+    fraction: float  # 0..1, from llama.cpp's loader
+
+
+@dataclass(frozen=True)
+class ModelLoaded:
+    name: str
+    path: str
+    architecture: str
+    memory_kind: str
+    backend: str
+    n_ctx: int
+    notices: tuple[str, ...]
+    identity: Identity | None = None  # what a checkpoint must match to load in this context
+    template: str = ""  # which chat template renders new messages, in words
+    template_name: str = ""  # its name
+    details: tuple[tuple[str, object], ...] = ()  # Runtime.report(): the replay report's model
+
+
+@dataclass(frozen=True)
+class LoadFailed:
+    path: str
+    message: str  # the previous model, if any, keeps working
+
+
+@dataclass(frozen=True)
+class TemplateChanged:
+    description: str  # the chat template for new messages, in words
+
+
+@dataclass(frozen=True)
+class Warmed:
+    conversation_id: int
+    last_node: int  # the path's last node
+    prompt_tokens: int  # what the context holds now
+    report: ReplyReport | None  # None: the context held it already (or it did not run)
+    rendered: tuple[tuple[int, tuple[int, ...]], ...] = ()  # tokens path nodes keep
+    done: bool = True  # False: pre-empted or failed (a warm-up is only an optimisation)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What a prepare will reuse, sent before it decodes anything."""
+
+    request_id: int
+    prompt_tokens: int
+    reused_tokens: int
+    source: str  # "live" | "checkpoint" | "none"
+    checkpoint_pos: int | None
+
+
+@dataclass(frozen=True)
+class Progress:
+    request_id: int
+    done: int
+    total: int
+
+
+@dataclass(frozen=True)
+class Piece:
+    request_id: int
+    conversation_id: int
+    reply_id: int
+    text: str
+    reasoning_opened: bool = False  # the reply started inside its reasoning (run_reply)
+
+
+@dataclass(frozen=True)
+class ReplyDone:
+    request_id: int
+    conversation_id: int
+    reply_id: int
+    result: ReplyResult
+
+
+@dataclass(frozen=True)
+class Failed:
+    request_id: int
+    conversation_id: int
+    reply_id: int
+    message: str  # empty when the user stopped it, else why it failed
+    overflow: tuple[int, int] | None = None  # the prompt did not fit: (its tokens, n_ctx)
+
+
+@dataclass(frozen=True)
+class StoreUsage:
+    count: int
+    ram_bytes: int
+    disk_bytes: int
+    ram_budget: int
+    nodes: tuple[tuple[int, str], ...]  # node id -> "ram" | "disk"
+    stats: tuple[tuple[str, object], ...] = ()  # CheckpointStore.stats(), every figure
+
+
+@dataclass(frozen=True)
+class ExportDone:
+    path: str
+    checkpoints: int
+    error: str | None  # None: written
+
+
+@dataclass(frozen=True)
+class Synced:
+    token: int
+
+
+Event = (EngineStarted | EngineDied | LoadProgress | ModelLoaded | LoadFailed | TemplateChanged
+         | Warmed | Plan | Progress | Piece | ReplyDone | Failed | StoreUsage | ExportDone
+         | Synced)
+
+__all__ = [
+    "AdoptCheckpoints",
+    "Alive",
+    "ConfigureRequest",
+    "EngineOptions",
+    "Event",
+    "ExportDone",
+    "ExportRequest",
+    "Failed",
+    "ForgetRequest",
+    "GenerateRequest",
+    "LoadFailed",
+    "LoadProgress",
+    "LoadRequest",
+    "ModelLoaded",
+    "NodeView",
+    "Piece",
+    "Plan",
+    "Progress",
+    "ReplyDone",
+    "Request",
+    "StoreUsage",
+    "Sync",
+    "Synced",
+    "TemplateChanged",
+    "WarmRequest",
+    "Warmed",
+]

@@ -1,0 +1,308 @@
+"""The facade the app and the command line use: one conversation tree on one runtime.
+
+Every operation a user can do to a conversation is a method here, and every method that runs
+the model returns a `StepReport` saying exactly what was reused and what was decoded.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
+from typing import Any, Protocol
+
+from engine.config.params import SamplingParams
+from engine.core.conversation import Change, Conversation, ReplyJob
+from engine.core.errors import Cancelled
+from engine.core.overflow import Overflow
+from engine.core.results import Rendered, ReplyReport, ReplyResult
+from engine.core.schedule import DEFAULT_INTERVAL
+from engine.core.tree import Node, Role, Tree, TreeError
+from engine.llm.generator import Generator
+from engine.llm.reply import PieceFn, rendered, run_reply
+from engine.llm.runtime import CancelFn, ProgressFn, Runtime
+from engine.storage.checkpoints import CheckpointStore
+
+log = logging.getLogger(__name__)
+
+TextFn = Callable[[str], None]
+
+
+class Sink(Protocol):
+    """Where a session's changes go to be kept (the store). Each call is one transaction."""
+
+    def action(self, tree: Tree, nodes: Sequence[Node], deleted: Sequence[int] = ()) -> None: ...
+
+    def streaming(self, node: Node) -> None:
+        """A growing reply; may be throttled (the store saves it about once a second)."""
+
+    def forked(self, tree: Tree) -> Sink:
+        """Where a fork of the conversation (a new one, holding `tree`) is kept."""
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """What one operation did: `report` says what the engine did (None: no model ran), and
+    `text` is what a reply said (for a continued reply, what it added)."""
+
+    op: str
+    node_id: int | None = None
+    text: str | None = None
+    report: ReplyReport | None = None
+
+
+class Replier(Protocol):
+    """Where a session's replies come from: the engine on this thread (`LocalReplier`) or
+    in a process of its own (`engine.service.client.RemoteReplier`). Either way the same
+    `engine.llm.reply` pipeline runs; only the path's copies cross a process boundary."""
+
+    def reply(self, path: Sequence[Node], *, resume: Node | None, max_tokens: int, seed: int,
+              on_progress: ProgressFn | None = None, on_piece: PieceFn | None = None,
+              cancel: CancelFn | None = None, sampling: SamplingParams | None = None,
+              overflow: Overflow = Overflow.STOP) -> ReplyResult: ...
+
+    def warm(self, path: Sequence[Node], *, max_tokens: int = 512,
+             overflow: Overflow = Overflow.STOP) -> tuple[ReplyReport | None, Rendered]:
+        """Prepare `path` (see Generator.warm): what it did, and the tokens it rendered."""
+
+    def forget(self, node_ids: Sequence[int]) -> None: ...
+
+
+class LocalReplier:
+    def __init__(self, generator: Generator) -> None:
+        self.generator = generator
+
+    def reply(self, path: Sequence[Node], *, resume: Node | None, max_tokens: int, seed: int,
+              on_progress: ProgressFn | None = None, on_piece: PieceFn | None = None,
+              cancel: CancelFn | None = None, sampling: SamplingParams | None = None,
+              overflow: Overflow = Overflow.STOP) -> ReplyResult:
+        result = run_reply(self.generator, path, resume=resume, max_tokens=max_tokens,
+                           seed=seed, on_progress=on_progress, on_piece=on_piece, cancel=cancel,
+                           sampling=sampling, overflow=overflow)
+        self.generator.after_reply()
+        return result
+
+    def warm(self, path: Sequence[Node], *, max_tokens: int = 512,
+             overflow: Overflow = Overflow.STOP) -> tuple[ReplyReport | None, Rendered]:
+        untokenized = {node.id for node in path if node.tokens is None}
+        report = self.generator.warm(path, max_tokens=max_tokens, overflow=overflow)
+        done = ReplyReport.of_prepare(report) if report is not None else None
+        return done, rendered(path, untokenized)
+
+    def forget(self, node_ids: Sequence[int]) -> None:
+        self.generator.forget(node_ids)
+
+
+@dataclass
+class GenerationOptions:
+    max_tokens: int = 512
+    seed: int | None = None  # None: the session's seed plus its generation count
+    on_progress: ProgressFn | None = None
+    on_text: TextFn | None = None
+    cancel: CancelFn | None = None
+
+
+class Session:
+    """A conversation tree bound to a runtime (or, with `replier`, to an engine elsewhere).
+
+    `use_cache=False` clears the context before every prompt and decodes it whole: the
+    reference every cached answer must equal.
+    """
+
+    def __init__(
+        self,
+        runtime: Runtime | None,
+        tree: Tree | None = None,
+        *,
+        system: str = "",
+        sampling: SamplingParams | None = None,
+        seed: int = 0,
+        use_cache: bool = True,
+        checkpoints: CheckpointStore | None = None,
+        checkpoint_interval: int = DEFAULT_INTERVAL,
+        sink: Sink | None = None,
+        template: str | None = None,
+        replier: Replier | None = None,
+        overflow: Overflow = Overflow.STOP,
+    ) -> None:
+        """`replier`: replies come from there (the model's settings are its business) and
+        `runtime` is None; else a generator on `runtime` with these settings. `overflow`:
+        what a reply does when the branch outgrows the context."""
+        self.runtime = runtime
+        self.overflow = overflow
+        self.sink = sink
+        self.conversation = Conversation(tree if tree is not None else Tree(system))
+        self.seed = seed
+        self.use_cache = use_cache
+        self.generator: Generator | None = None
+        if replier is None:
+            assert runtime is not None
+            self.generator = Generator(
+                runtime,
+                sampling=sampling,
+                use_cache=use_cache,
+                checkpoints=checkpoints,
+                checkpoint_interval=checkpoint_interval,
+                template=template,
+            )
+            replier = LocalReplier(self.generator)
+        self.replier = replier
+        self._model: dict[str, Any] | None = None
+
+    @property
+    def tree(self) -> Tree:
+        return self.conversation.tree
+
+    @property
+    def model(self) -> dict[str, Any]:
+        """What the replies come from, as `Runtime.report()` says (exports name the model)."""
+        if self._model is None:
+            self._model = self.runtime.report() if self.runtime is not None else {}
+        return self._model
+
+    @model.setter
+    def model(self, report: dict[str, Any]) -> None:
+        self._model = report
+
+    @property
+    def checkpoints(self) -> CheckpointStore | None:
+        return self.generator.checkpoints if self.generator is not None else None
+
+    @checkpoints.setter
+    def checkpoints(self, store: CheckpointStore | None) -> None:
+        assert self.generator is not None
+        self.generator.checkpoints = store if self.use_cache else None
+
+    # --- operations (the tree's half is engine.core.conversation, shared by every front end) -----
+
+    def send(self, text: str, options: GenerationOptions | None = None) -> StepReport:
+        """Add a user message at the active leaf and generate its reply."""
+        return self._apply("send", self.conversation.send(text), options)
+
+    def regenerate(
+        self, options: GenerationOptions | None = None, *, node_id: int | None = None
+    ) -> StepReport:
+        """A new version of a reply (None: the active path's last one); the old is kept."""
+        return self._apply("regenerate", self.conversation.regenerate(node_id), options)
+
+    def edit(self, node_id: int, text: str, options: GenerationOptions | None = None) -> StepReport:
+        """A new version of a message. A user message gets a new reply; an assistant
+        message just takes the given text. The old version stays as a sibling."""
+        change = self.conversation.edit(node_id, text)
+        report = self._apply("edit", change, options)
+        return report if change.reply is not None else replace(report, text=text)
+
+    def switch(self, node_id: int, variant: int) -> StepReport:
+        return self._apply("switch", self.conversation.switch(node_id, variant))
+
+    def activate(self, node_id: int) -> StepReport:
+        return self._apply("activate", self.conversation.activate(node_id))
+
+    def warm(self, options: GenerationOptions | None = None) -> StepReport:
+        """What the app does while the user reads: prepare the likely next prompt, so the
+        next message decodes only itself (see Generator.warm)."""
+        max_tokens = (options or GenerationOptions()).max_tokens
+        report, tokens = self.replier.warm(self.conversation.warm_path(),
+                                           max_tokens=max_tokens, overflow=self.overflow)
+        self._keep(self.conversation.adopt_tokens(tokens))
+        return StepReport(op="warm", node_id=self.tree.active_leaf, report=report)
+
+    def rewind(self, node_id: int) -> StepReport:
+        return self._apply("rewind", self.conversation.rewind(node_id), node_id=node_id)
+
+    def delete_branch(self, node_id: int) -> StepReport:
+        change = self.conversation.delete_branch(node_id)
+        report = self._apply("delete", change)
+        self.replier.forget(change.deleted)
+        return report
+
+    def undo(self) -> StepReport:
+        """Bring back the last deleted branch."""
+        return self._apply("undo", self.conversation.undo())
+
+    def set_system(self, text: str) -> StepReport:
+        return self._apply("system", self.conversation.set_system(text), text=text)
+
+    def fork(self, node_id: int) -> StepReport:
+        """Go on in a new conversation holding the path to `node_id` (the sink, if it can,
+        keeps it as a new conversation)."""
+        tree = self.conversation.fork(node_id)
+        self.conversation = Conversation(tree)
+        if self.sink is not None:
+            self.sink = self.sink.forked(tree)
+        return StepReport(op="fork", node_id=tree.active_leaf)
+
+    def continue_reply(self, options: GenerationOptions | None = None) -> StepReport:
+        """Generate a reply to the active leaf if it is a user message (after a rewind)."""
+        if self.tree.node(self.tree.active_leaf).role is not Role.USER:
+            raise TreeError("the active message is not a user message")
+        return self._apply("reply", self.conversation.continue_reply(), options)
+
+    def resume(self, node_id: int, options: GenerationOptions | None = None) -> StepReport:
+        """Continue an assistant reply where it stopped (an interrupted one, typically)."""
+        if self.tree.node(node_id).role is not Role.ASSISTANT:
+            raise TreeError("only an assistant reply can be continued")
+        return self._apply("continue", self.conversation.continue_reply(node_id), options)
+
+    # --- the work ----------------------------------------------------------------------
+
+    def _apply(
+        self,
+        op: str,
+        change: Change,
+        options: GenerationOptions | None = None,
+        *,
+        node_id: int | None = None,
+        text: str | None = None,
+    ) -> StepReport:
+        """Persist a change, then run its reply job, if any."""
+        self._keep(list(change.nodes), deleted=change.deleted)
+        job = change.reply
+        if job is None:
+            if node_id is None:
+                node_id = change.nodes[-1].id if change.nodes else self.tree.active_leaf
+            return StepReport(op=op, node_id=node_id, text=text)
+        return self._reply(op, job, options or GenerationOptions())
+
+    def _reply(self, op: str, job: ReplyJob, options: GenerationOptions) -> StepReport:
+        """Run a reply job (engine.llm.reply) and apply its result through the conversation
+        core, as the window does: the reply exists (streaming, saved) before the prompt is
+        prepared; a failure keeps what it said as interrupted, or takes it back."""
+        seed = self.conversation.reply_seed(self.seed)
+        if options.seed is not None:
+            seed = options.seed
+        start = self.conversation.start_reply(job)
+        reply = start.reply
+        self._keep([reply])
+        untokenized = [node for node in start.path if node.tokens is None]
+
+        def on_piece(piece: str) -> None:
+            reply.text += piece
+            if self.sink is not None:
+                self.sink.streaming(reply)
+            if options.on_text:
+                options.on_text(piece)
+
+        try:
+            result = self.replier.reply(
+                start.path, resume=start.resume, max_tokens=options.max_tokens, seed=seed,
+                on_progress=options.on_progress, on_piece=on_piece, cancel=options.cancel,
+                overflow=self.overflow,
+            )
+        except BaseException:
+            # Tokens rendered before the failure are the nodes' own from now on: keep them.
+            rendered_now = [node for node in untokenized if node.tokens is not None]
+            failed = self.conversation.fail_reply(start)
+            self._keep([*rendered_now, *failed.nodes], deleted=failed.deleted)
+            raise
+        finished = self.conversation.finish_reply(reply.id, result)
+        self._keep(list(finished.nodes), deleted=finished.deleted)
+        return StepReport(op=op, node_id=reply.id, text=result.text[len(start.was_text):],
+                          report=result.report)
+
+    def _keep(self, nodes: Sequence[Node], deleted: Sequence[int] = ()) -> None:
+        if self.sink is not None:
+            self.sink.action(self.tree, nodes, deleted)
+
+
+__all__ = ["Cancelled", "GenerationOptions", "Session", "StepReport"]

@@ -1,0 +1,453 @@
+"""ChatGPT `conversations.json`: import every branch of every conversation, and export.
+
+The export is a JSON array of conversations. Each holds a `mapping` from node id to
+`{"id", "message", "parent", "children"}` and a `current_node` (the active leaf). The file
+comes from elsewhere, so everything is checked: types, that `children` and `parent` agree,
+that the nodes form one tree, and the limits of `engine.core.records`.
+
+What becomes of the messages:
+- user and assistant messages with text become nodes (string parts joined with "\\n",
+  non-string parts such as images dropped);
+- system messages above the first user/assistant message become the system prompt (the
+  hidden one ChatGPT puts at the top usually has no text, giving an empty prompt);
+- a message with text whose role is none of ChatGPT's (system, user, assistant, tool) becomes
+  a user message whose text starts with its role in brackets: kept visibly, never dropped;
+- everything else is skipped and its children re-parented to its nearest kept ancestor:
+  tool messages, messages addressed to a tool (`recipient` other than "all"), messages hidden
+  from the conversation, messages without text (code, browsing, reasoning...), and system
+  messages further down. A `current_node` on a skipped message moves to that ancestor.
+
+The conversations are parsed one at a time and the count limit is checked as they come, so
+memory holds the decoded text, one conversation's JSON and the records made so far.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from typing import Any, NoReturn
+
+from engine.core.records import MAX_NODES, ConversationRecord, NodeRecord
+from engine.core.tree import NodeStatus, Role
+from engine.files.regular import FormatError
+from engine.files.strict_json import NotAnArrayError, describe, dumps_strict, iter_array_strict
+from engine.storage.formats import check_record
+
+log = logging.getLogger(__name__)
+
+MAX_CONVERSATIONS = 10_000
+MAX_TIMESTAMP = 32_503_680_000.0  # 3000-01-01T00:00:00Z: anything later is not a real time
+TEXT_CONTENT_TYPES = frozenset({"text", "multimodal_text"})
+_KEPT_ROLES = {"user": Role.USER, "assistant": Role.ASSISTANT}
+_SKIPPED_ROLES = frozenset({"system", "tool"})  # system: the prompt at the top, or dropped
+_UNFINISHED = frozenset({"in_progress", "finished_partial_completion"})
+_EXPORT_NAMESPACE = uuid.uuid5(uuid.NAMESPACE_URL, "https://arbor.invalid/formats/chatgpt")
+_MISSING: Any = object()
+
+
+# --- reading -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Message:
+    role: str
+    text: str | None  # None: the content has no text part at all
+    created: float
+    hidden: bool  # metadata.is_visually_hidden_from_conversation
+    to_tool: bool  # recipient is a tool, not the user
+    unfinished: bool
+
+    @property
+    def kept_role(self) -> Role | None:
+        """The role this message has in Arbor, or None when it is skipped."""
+        if self.text is None or self.hidden or self.to_tool or self.role in _SKIPPED_ROLES:
+            return None
+        return _KEPT_ROLES.get(self.role, Role.USER)  # an unknown role: shown as the user's
+
+    @property
+    def kept_text(self) -> str:
+        """The text of a kept message; one of an unknown role names it."""
+        text = self.text or ""
+        return text if self.role in _KEPT_ROLES else f"[{self.role[:40]}]\n{text}"
+
+
+@dataclass(frozen=True)
+class _Entry:
+    id: str
+    parent: str | None
+    children: tuple[str, ...]
+    message: _Message | None
+
+
+def parse_chatgpt(data: bytes, *, max_bytes: int = 256 << 20) -> list[ConversationRecord]:
+    """Every conversation of a ChatGPT export, all branches kept; FormatError if malformed."""
+    records: list[ConversationRecord] = []
+    try:
+        for raw in iter_array_strict(data, max_bytes=max_bytes):
+            if len(records) == MAX_CONVERSATIONS:
+                _fail(f"the file holds more than {MAX_CONVERSATIONS} conversations; the limit "
+                      f"is {MAX_CONVERSATIONS}")
+            records.append(_parse_conversation(raw, len(records) + 1))
+    except NotAnArrayError as error:
+        _fail(f"a ChatGPT export is a JSON array of conversations, but this file holds "
+              f"{error.kind}")
+    return records
+
+
+def _parse_conversation(raw: Any, number: int) -> ConversationRecord:
+    label = f"conversation {number}"
+    conversation = _require_dict(raw, label)
+    title = _optional_str(conversation.get("title"), f"{label}: title")
+    title = title if title is not None and title.strip() else "Untitled"
+    label = f"conversation {number} ({_short(title)})"
+    created = _time(conversation.get("create_time"), f"{label}: create_time")
+    updated = _time(conversation.get("update_time"), f"{label}: update_time")
+    entries = _parse_mapping(conversation.get("mapping", _MISSING), label)
+    root = _check_links(entries, label)
+    order = _tree_order(entries, root, label)
+    current = _require_str(conversation.get("current_node", _MISSING), f"{label}: current_node")
+    if current not in entries:
+        _fail(f"{label}: current_node {_short(current)} is not in the mapping")
+    record = _build_record(title, created, updated, entries, order, current)
+    check_record(record)
+    skipped = len(entries) - len(record.nodes)
+    if skipped > 0:
+        log.info("%s: skipped %d messages that are not user or assistant text", label, skipped)
+    return record
+
+
+def _parse_mapping(raw: Any, label: str) -> dict[str, _Entry]:
+    mapping = _require_dict(raw, f"{label}: mapping")
+    if not mapping:
+        _fail(f"{label} has no messages")
+    if len(mapping) > MAX_NODES:
+        _fail(f"{label} has {len(mapping)} nodes; the limit is {MAX_NODES}")
+    return {key: _parse_entry(key, value, label) for key, value in mapping.items()}
+
+
+def _parse_entry(key: str, raw: Any, label: str) -> _Entry:
+    where = f"{label}, node {_short(key)}"
+    node = _require_dict(raw, where)
+    node_id = _require_str(node.get("id", key), f"{where}: id")
+    if node_id != key:
+        _fail(f"{where} has the id {_short(node_id)}; the two must be the same")
+    parent = _optional_str(node.get("parent"), f"{where}: parent")
+    children = _require_list(node.get("children", []), f"{where}: children")
+    message = node.get("message")
+    return _Entry(
+        id=node_id,
+        parent=parent,
+        children=tuple(_require_str(child, f"{where}: a child id") for child in children),
+        message=None if message is None else _parse_message(message, where),
+    )
+
+
+def _parse_message(raw: Any, where: str) -> _Message:
+    message = _require_dict(raw, f"{where}: message")
+    _optional_str(message.get("id"), f"{where}: message.id")
+    author = _require_dict(message.get("author", _MISSING), f"{where}: message.author")
+    role = _require_str(author.get("role", _MISSING), f"{where}: message.author.role")
+    content = _require_dict(message.get("content", _MISSING), f"{where}: message.content")
+    metadata = message.get("metadata")
+    metadata = {} if metadata is None else _require_dict(metadata, f"{where}: message.metadata")
+    recipient = _optional_str(message.get("recipient"), f"{where}: message.recipient")
+    status = _optional_str(message.get("status"), f"{where}: message.status")
+    return _Message(
+        role=role,
+        text=_content_text(content, f"{where}: message.content"),
+        created=_time(message.get("create_time"), f"{where}: message.create_time"),
+        hidden=metadata.get("is_visually_hidden_from_conversation") is True,
+        to_tool=recipient not in (None, "all"),
+        unfinished=status in _UNFINISHED,
+    )
+
+
+def _content_text(content: dict[str, Any], where: str) -> str | None:
+    """The string parts joined with newlines; None when there are none (code, images...)."""
+    content_type = _require_str(content.get("content_type", _MISSING), f"{where}.content_type")
+    if content_type not in TEXT_CONTENT_TYPES:
+        return None
+    parts = _require_list(content.get("parts", _MISSING), f"{where}.parts")
+    texts = [part for part in parts if isinstance(part, str)]
+    return "\n".join(texts) if texts else None
+
+
+def _check_links(entries: dict[str, _Entry], label: str) -> _Entry:
+    """Check that `children` and `parent` agree everywhere; return the one root."""
+    listed: set[str] = set()
+    for entry in entries.values():
+        where = f"{label}, node {_short(entry.id)}"
+        for child in entry.children:
+            kid = entries.get(child)
+            if kid is None:
+                _fail(f"{where} lists a child {_short(child)} that is not in the mapping")
+            if kid.parent != entry.id:
+                _fail(
+                    f"{where} lists {_short(child)} as a child, but its parent is "
+                    f"{_short(kid.parent) if kid.parent is not None else 'none'}"
+                )
+            if child in listed:  # only its parent may list it, so this is a repeat there
+                _fail(f"{where} lists the child {_short(child)} twice")
+            listed.add(child)
+        if entry.parent is not None and entry.parent not in entries:
+            _fail(f"{where} has a parent {_short(entry.parent)} that is not in the mapping")
+    for entry in entries.values():
+        if entry.parent is not None and entry.id not in listed:
+            _fail(
+                f"{label}, node {_short(entry.id)} has the parent {_short(entry.parent)}, "
+                f"which does not list it as a child"
+            )
+    roots = [entry for entry in entries.values() if entry.parent is None]
+    if len(roots) != 1:
+        _fail(f"{label}: the mapping has {len(roots)} roots; a conversation has exactly one")
+    return roots[0]
+
+
+def _tree_order(entries: dict[str, _Entry], root: _Entry, label: str) -> list[str]:
+    """Node ids from the root, parents first, siblings in listed order.
+
+    After `_check_links` every node is listed by its parent alone and only once, so the walk
+    visits each node at most once; whatever it does not reach sits on a cycle.
+    """
+    order: list[str] = []
+    stack = [root.id]
+    while stack:
+        node_id = stack.pop()
+        order.append(node_id)
+        stack.extend(reversed(entries[node_id].children))
+    if len(order) != len(entries):
+        _fail(
+            f"{label}: messages form a cycle ({len(entries) - len(order)} of them cannot be "
+            f"reached from the root)"
+        )
+    return order
+
+
+def _build_record(
+    title: str,
+    created: float,
+    updated: float,
+    entries: dict[str, _Entry],
+    order: list[str],
+    current: str,
+) -> ConversationRecord:
+    """Keep user/assistant text; hang each kept message under its nearest kept ancestor."""
+    top = entries[order[0]]
+    top_kept = top.message is not None and top.message.kept_role is not None
+    root_id = _fresh_id(entries) if top_kept else top.id
+    anchor: dict[str, str] = {}  # node id -> the record node it is or sits under
+    system_texts: list[str] = []
+    nodes: list[NodeRecord] = []
+    for node_id in order:
+        entry = entries[node_id]
+        above = root_id if entry.parent is None else anchor[entry.parent]
+        message = entry.message
+        role = message.kept_role if message is not None else None
+        if message is None or role is None:
+            anchor[node_id] = above
+            # A system message above every kept message is (part of) the system prompt.
+            if above == root_id and message is not None and message.role == "system":
+                system_texts.append(message.text or "")
+            continue
+        anchor[node_id] = node_id
+        unfinished = message.unfinished and role is Role.ASSISTANT
+        nodes.append(
+            NodeRecord(
+                id=node_id,
+                parent=above,
+                role=role,
+                text=message.kept_text,
+                created=message.created,
+                status=NodeStatus.INTERRUPTED if unfinished else NodeStatus.COMPLETE,
+            )
+        )
+    root = NodeRecord(
+        id=root_id,
+        parent=None,
+        role=Role.SYSTEM,
+        text="\n\n".join(text for text in system_texts if text),
+        created=top.message.created if top.message is not None and not top_kept else created,
+    )
+    return ConversationRecord(
+        title=title,
+        nodes=_with_last_active_children([root, *nodes]),
+        active_leaf=anchor[current],
+        created=created,
+        updated=updated,
+    )
+
+
+def _with_last_active_children(nodes: list[NodeRecord]) -> tuple[NodeRecord, ...]:
+    """Point every parent at its newest child, so switching to a branch that is not active
+    follows it down to a leaf (the file only says which path is active)."""
+    newest: dict[str, tuple[float, int, str]] = {}
+    for index, node in enumerate(nodes):
+        if node.parent is not None:
+            newest[node.parent] = max(
+                newest.get(node.parent, (node.created, index, node.id)),
+                (node.created, index, node.id),
+            )
+    return tuple(
+        replace(node, last_active_child=newest[node.id][2]) if node.id in newest else node
+        for node in nodes
+    )
+
+
+def _fresh_id(entries: dict[str, _Entry]) -> str:
+    """An id for a system root added above a mapping whose root is a user message."""
+    candidate, number = "root", 0
+    while candidate in entries:  # at most len(entries) tries, each on a short string
+        number += 1
+        candidate = f"root-{number}"
+    return candidate
+
+
+# --- writing -------------------------------------------------------------------------------
+
+
+def export_chatgpt(records: Sequence[ConversationRecord]) -> bytes:
+    """A `conversations.json` holding every branch of every record.
+
+    Ids are UUIDs derived from the record (title, creation time, root id) and each node id,
+    so exporting the same records twice gives the same bytes.
+    """
+    return dumps_strict([_export_conversation(record) for record in records])
+
+
+def _export_conversation(record: ConversationRecord) -> dict[str, Any]:
+    check_record(record)
+    space = uuid.uuid5(_EXPORT_NAMESPACE, ascii((record.title, record.created, record.root.id)))
+
+    def new_id(node_id: str) -> str:
+        return str(uuid.uuid5(space, ascii(node_id)))  # ascii() output never equals "\0root"
+
+    top = str(uuid.uuid5(space, "\0root"))
+    mapping: dict[str, dict[str, Any]] = {top: _mapping_node(top, None, None)}
+    anchor = {record.root.id: top}
+    if record.root.text:
+        system_id = new_id(record.root.id)
+        _attach(mapping, system_id, top, _message(system_id, record.root, "system"))
+        anchor[record.root.id] = system_id
+    for node in _pre_order(record)[1:]:
+        node_id = new_id(node.id)
+        parent = anchor[node.parent] if node.parent is not None else top
+        _attach(mapping, node_id, parent, _message(node_id, node, node.role.value))
+        anchor[node.id] = node_id
+    conversation_id = str(space)
+    return {
+        "title": record.title,
+        "create_time": _written_time(record.created),
+        "update_time": _written_time(record.updated),
+        "mapping": mapping,
+        "moderation_results": [],
+        "current_node": anchor[record.active_leaf],
+        "plugin_ids": None,
+        "conversation_id": conversation_id,
+        "id": conversation_id,
+    }
+
+
+def _pre_order(record: ConversationRecord) -> list[NodeRecord]:
+    """Nodes parents first; siblings in Arbor's order (creation time, then record order)."""
+    order = {node.id: index for index, node in enumerate(record.nodes)}
+    children: dict[str, list[NodeRecord]] = {}
+    for node in record.nodes:
+        if node.parent is not None:
+            children.setdefault(node.parent, []).append(node)
+    out: list[NodeRecord] = []
+    stack = [record.root]
+    while stack:
+        node = stack.pop()
+        out.append(node)
+        kids = sorted(children.get(node.id, []), key=lambda n: (n.created, order[n.id]))
+        stack.extend(reversed(kids))
+    return out
+
+
+def _attach(
+    mapping: dict[str, dict[str, Any]], node_id: str, parent: str, message: dict[str, Any]
+) -> None:
+    mapping[node_id] = _mapping_node(node_id, message, parent)
+    mapping[parent]["children"].append(node_id)
+
+
+def _mapping_node(
+    node_id: str, message: dict[str, Any] | None, parent: str | None
+) -> dict[str, Any]:
+    return {"id": node_id, "message": message, "parent": parent, "children": []}
+
+
+def _message(node_id: str, node: NodeRecord, role: str) -> dict[str, Any]:
+    unfinished = node.status is not NodeStatus.COMPLETE
+    return {
+        "id": node_id,
+        "author": {"role": role, "name": None, "metadata": {}},
+        "create_time": _written_time(node.created),
+        "update_time": None,
+        "content": {"content_type": "text", "parts": [node.text]},
+        "status": "finished_partial_completion" if unfinished else "finished_successfully",
+        "end_turn": None,
+        "weight": 1.0,
+        "metadata": {},
+        "recipient": "all",
+    }
+
+
+def _written_time(value: float) -> float | None:
+    """A time as the importer accepts it; absurd ones (never made by Arbor) become null."""
+    return value if 0.0 <= value <= MAX_TIMESTAMP else None
+
+
+# --- checking values -----------------------------------------------------------------------
+
+
+def _fail(message: str) -> NoReturn:
+    raise FormatError(message)
+
+
+def _kind(value: Any) -> str:
+    """How a JSON value is described in an error message."""
+    return "missing" if value is _MISSING else describe(value)
+
+
+def _require_dict(value: Any, where: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        _fail(f"{where} must be an object, but is {_kind(value)}")
+    return value
+
+
+def _require_list(value: Any, where: str) -> list[Any]:
+    if not isinstance(value, list):
+        _fail(f"{where} must be an array, but is {_kind(value)}")
+    return value
+
+
+def _require_str(value: Any, where: str) -> str:
+    if not isinstance(value, str):
+        _fail(f"{where} must be a string, but is {_kind(value)}")
+    return value
+
+
+def _optional_str(value: Any, where: str) -> str | None:
+    return None if value is None else _require_str(value, where)
+
+
+def _time(value: Any, where: str) -> float:
+    """Seconds since 1970; null (or absent) is 0.0. Non-numbers and absurd times are rejected."""
+    if value is None:
+        return 0.0
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        _fail(f"{where} must be a number or null, but is {_kind(value)}")
+    if not 0.0 <= value <= MAX_TIMESTAMP:
+        _fail(f"{where} is {value}, which is not a time between 1970 and 3000")
+    return float(value)
+
+
+def _short(text: str, limit: int = 40) -> str:
+    """A one-line quotation of `text` for an error message."""
+    return repr(text if len(text) <= limit else text[:limit] + "...")
+
+
+__all__ = ["MAX_CONVERSATIONS", "export_chatgpt", "parse_chatgpt"]

@@ -1,0 +1,385 @@
+"""The local OpenAI-compatible server, driven by the official `openai` client against a real
+engine (in its own process) on the tiny fixture models of every memory kind."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+import pytest
+from openai import OpenAI
+
+from engine.api.engines import OwnEngine
+from engine.api.guard import ConnectionLimits
+from engine.api.server import Server, ServerOptions, api_key_of, check_binding, model_id_of
+from engine.api.trees import LocalTrees
+from engine.api.worker import ApiWorker
+from engine.config.settings import Settings
+from engine.core.tree import NodeStatus, Role
+from engine.storage.store import Store
+
+ROOT = Path(__file__).resolve().parents[3]
+TIMEOUT = 240.0  # a hang guard, not a speed claim
+SETTINGS = Settings(n_ctx=1024, max_tokens=12)
+SYSTEM = "You are a patient guide to rivers. " * 6
+FIRST = "Tell me how a river delta forms, and why the silt settles where it does. " * 3
+
+
+@contextmanager
+def serving(model: Path, db: Path, *, settings: Settings = SETTINGS, api_key: str | None = None,
+            max_queue: int = 16, cors_origins: tuple[str, ...] = (),
+            limits: ConnectionLimits | None = None) -> Iterator[tuple[Server, OpenAI]]:
+    engine = OwnEngine(model, settings)
+    worker = ApiWorker(lambda: LocalTrees(db), engine, max_queue=max_queue)
+    worker.start()
+    server = Server(worker, lambda: model_id_of(model),
+                    ServerOptions(port=0, api_key=api_key, cors_origins=cors_origins,
+                                  limits=limits or ConnectionLimits()))
+    server.start()
+    client = OpenAI(base_url=server.url, api_key=api_key or "unused", max_retries=0,
+                    timeout=TIMEOUT)
+    try:
+        yield server, client
+    finally:
+        client.close()
+        server.stop()
+        worker.close()
+        engine.close()
+
+
+def ask(client: OpenAI, messages: list[dict[str, str]], **extra: Any) -> Any:
+    extra.setdefault("max_tokens", 12)
+    return client.chat.completions.create(
+        model="", messages=messages, temperature=0.0, **extra)  # type: ignore[arg-type]
+
+
+def chat(*turns: str) -> list[dict[str, str]]:
+    """system, then user/assistant alternating."""
+    out = [{"role": "system", "content": SYSTEM}]
+    for index, text in enumerate(turns):
+        out.append({"role": "user" if index % 2 == 0 else "assistant", "content": text})
+    return out
+
+
+def tail(response: Any) -> int:
+    usage = response.usage
+    return int(usage.prompt_tokens - usage.prompt_tokens_details.cached_tokens)
+
+
+@pytest.mark.parametrize("kind", ["dense", "sliding_window", "recurrent", "hybrid"])
+def test_regenerate_edit_and_switch_back_decode_only_the_tail_and_match_a_fresh_server(
+    kind: str, tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    model = tiny_models[kind]
+    with serving(model, tmp_path / "a.db") as (_server, client):
+        one = ask(client, chat(FIRST))
+        assert one.usage.prompt_tokens > 100 and tail(one) == one.usage.prompt_tokens
+        reply1 = one.choices[0].message.content
+        two = ask(client, chat(FIRST, reply1, "And where does the sea come in?"))
+        reply2 = two.choices[0].message.content
+        three = ask(client, chat(FIRST, reply1, "And where does the sea come in?", reply2,
+                                 "What about tides?"))
+        # A swipe: the same request again; a new reply from the state before it.
+        again = ask(client, chat(FIRST, reply1, "And where does the sea come in?", reply2,
+                                 "What about tides?"))
+        assert tail(again) < 40, again.usage
+        # An edit of an earlier message: everything before it is reused.
+        edited = ask(client, chat(FIRST, reply1, "And what do floods do to it?"))
+        assert tail(edited) < 40 and edited.usage.prompt_tokens_details.cached_tokens > 100
+        # Back to the first branch.
+        back = ask(client, chat(FIRST, reply1, "And where does the sea come in?", reply2,
+                                "What about tides?", again.choices[0].message.content,
+                                "Thank you."))
+        assert tail(back) < 40, back.usage
+    # A freshly started server on the same trees (the nodes keep their tokens), with nothing
+    # cached and no disk tier, gives the same words for every step: a full reprocess.
+    shutil.copy(tmp_path / "a.db", tmp_path / "b.db")
+    fresh_settings = Settings(n_ctx=1024, max_tokens=12, disk_tier=False)
+    with serving(model, tmp_path / "b.db", settings=fresh_settings) as (_server, client):
+        for response, messages in [
+            (three, chat(FIRST, reply1, "And where does the sea come in?", reply2,
+                         "What about tides?")),
+            (edited, chat(FIRST, reply1, "And what do floods do to it?")),
+            (back, chat(FIRST, reply1, "And where does the sea come in?", reply2,
+                        "What about tides?", again.choices[0].message.content, "Thank you.")),
+        ]:
+            cold = ask(client, messages)
+            assert cold.choices[0].message.content == response.choices[0].message.content
+            assert cold.usage.prompt_tokens == response.usage.prompt_tokens
+
+
+NOTE = ("The vault code is 4417. Remember it for me, along with the shelf where the spare "
+        "key sits: third from the top, behind the atlas. ") * 2
+
+
+@pytest.mark.parametrize("kind", ["dense", "recurrent"])
+def test_cached_tokens_tell_a_client_nothing_of_another_clients_messages(
+    kind: str, tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    """Issue 24's cache oracle: right after client a's private note, a guesser's right guess
+    reused all but a few of its tokens (a's live cache, a's checkpoint at the note's end),
+    a wrong one only the system prompt. Now each `user` is a cache scope of its own: both
+    guesses reuse nothing, the same words come back, and a's own swipe still reuses a's."""
+    db = tmp_path / "a.db"
+    wrong = NOTE.replace("4417", "9032")
+
+    def note(text: str, user: str | None) -> Any:
+        return ask(client, chat(text), **({"user": user} if user is not None else {}))
+
+    with serving(tiny_models[kind], db) as (_server, client):
+        private = note(NOTE, "a")
+        swipe = note(NOTE, "a")
+        assert tail(swipe) < 20, swipe.usage  # a's own state serves a
+        right = note(NOTE, "b")
+        note(NOTE, "a")  # a's again: its branch is what the engine holds and warms
+        guessed = note(wrong, "c")
+        cached = [r.usage.prompt_tokens_details.cached_tokens for r in (right, guessed)]
+        assert cached == [0, 0], cached  # before: all but the tail, and the system prompt
+        assert right.choices[0].message.content == private.choices[0].message.content
+        # No `user` is one more scope, with nothing of the others'.
+        anonymous = note(NOTE, None)
+        assert anonymous.usage.prompt_tokens_details.cached_tokens == 0
+    with Store(db) as store:  # and no tree is shared: a's, b's, the anonymous one, c's
+        titles = sorted(info.title for info in store.list())
+        assert titles == sorted(["API: " + " ".join(text.split())[:60]
+                                 for text in (NOTE, NOTE, NOTE, wrong)])
+
+
+def test_streaming_gives_the_same_text_in_chunks_and_usage_when_asked(
+    tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    with serving(tiny_models["dense"], tmp_path / "a.db") as (_server, client):
+        whole = ask(client, chat("Hello there"))
+        chunks = list(ask(client, chat("Hello there"), stream=True,
+                          stream_options={"include_usage": True}))
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        assert text == whole.choices[0].message.content and text
+        assert chunks[0].choices[0].delta.role == "assistant"
+        finals = [c.choices[0].finish_reason for c in chunks if c.choices]
+        assert finals[-1] in ("stop", "length") and finals[:-1] == [None] * (len(finals) - 1)
+        assert chunks[-1].choices == [] and chunks[-1].usage is not None
+        assert chunks[-1].usage.completion_tokens == whole.usage.completion_tokens
+        # The swipe was served from the cache: all but the generation prompt's tail.
+        assert chunks[-1].usage.prompt_tokens_details.cached_tokens > 0
+        plain = list(ask(client, chat("Hello there"), stream=True))
+        assert all(c.usage is None for c in plain)
+
+
+def test_api_conversations_are_trees_in_the_store(tiny_models: dict[str, Path],
+                                                  tmp_path: Path) -> None:
+    db = tmp_path / "a.db"
+    with serving(tiny_models["dense"], db) as (_server, client):
+        one = ask(client, chat("Hi"))
+        ask(client, chat("Hi"))  # a swipe
+        ask(client, chat("Hi", one.choices[0].message.content, "More"))
+        ask(client, chat("Something else"))
+    with Store(db) as store:
+        infos = store.list()
+        assert sorted(i.title for i in infos) == ["API: Hi", "API: Something else"]
+        tree = store.load(next(i.id for i in infos if i.title == "API: Hi"))
+        user = tree.node(tree.root.children[0])
+        assert tree.root.text == SYSTEM and user.text == "Hi" and len(tree.root.children) == 1
+        assert len(user.children) == 2  # the first reply and the swipe
+        assert [n.role for n in tree.messages()] == [Role.USER, Role.ASSISTANT, Role.USER,
+                                                     Role.ASSISTANT]
+
+
+def test_a_stop_sequence_cuts_the_reply_and_the_node_keeps_what_the_client_got(
+    tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    db = tmp_path / "a.db"
+    with serving(tiny_models["dense"], db) as (_server, client):
+        free = ask(client, chat("Count"), max_tokens=24)
+        text = free.choices[0].message.content
+        assert len(text) > 4
+        stop = text[3:5]
+        cut = ask(client, chat("Count"), max_tokens=24, stop=[stop])
+        expected = text[: text.index(stop)]
+        assert cut.choices[0].message.content == expected
+        assert cut.choices[0].finish_reason == "stop"
+        streamed = "".join(c.choices[0].delta.content or "" for c in
+                           ask(client, chat("Count"), max_tokens=24, stop=stop, stream=True))
+        assert streamed == expected
+    with Store(db) as store:
+        tree = store.load(store.list()[0].id)
+        replies = [tree.node(c) for c in tree.node(tree.root.children[0]).children]
+        assert sorted(r.text for r in replies) == sorted([text, expected, expected])
+
+
+def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(
+    tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    db = tmp_path / "a.db"
+    with serving(tiny_models["dense"], db) as (server, client):
+        url = server.url + "/chat/completions"
+        good = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+
+        def post(body: bytes | dict[str, Any]) -> httpx.Response:
+            content = body if isinstance(body, bytes) else json.dumps(body).encode()
+            return httpx.post(url, content=content, timeout=TIMEOUT,
+                              headers={"content-type": "application/json"})
+
+        cases: list[tuple[bytes | dict[str, Any], int, str]] = [
+            (b"{not json", 400, "not valid JSON"),
+            (b"[1, 2]", 400, "JSON object"),
+            ({**good, "messages": []}, 400, "non-empty"),
+            ({**good, "messages": "hi"}, 400, "non-empty"),
+            ({**good, "messages": [{"role": "tool", "content": "x"}]}, 400, "'tool'"),
+            ({**good, "messages": [{"role": "user", "content": 5}]}, 400, "content"),
+            ({**good, "messages": [{"role": "assistant", "content": "x"}]}, 400, "last"),
+            ({**good, "max_tokens": "many"}, 400, "integer"),
+            ({**good, "temperature": 9}, 400, "between"),
+            ({**good, "n": 2}, 400, "'n' must be 1"),
+            ({**good, "user": 7}, 400, "'user' must be a string"),
+            ({**good, "user": "u" * 5000}, 400, "'user' must be a string"),
+            ({**good, "model": "gpt-4o"}, 404, "not loaded"),
+            (json.dumps({**good, "pad": "x" * (5 << 20)}).encode(), 413, "bytes"),
+            ({**good, "messages": [{"role": "user", "content": "river " * 3000}]}, 400,
+             "context holds 1024"),
+        ]
+        for body, status, words in cases:
+            answer = post(body)
+            assert answer.status_code == status, (answer.status_code, answer.text[:200])
+            error = answer.json()["error"]
+            assert words in error["message"] and error["type"]
+        assert httpx.get(server.url + "/nothing", timeout=TIMEOUT).status_code == 404
+        with pytest.raises(openai.BadRequestError, match="context holds 1024"):
+            ask(client, [{"role": "user", "content": "river " * 3000}], stream=True)
+        assert ask(client, chat("Still there?")).choices[0].message.content is not None
+    with Store(db) as store:  # the refused requests left no trace
+        assert [i.title for i in store.list()] == ["API: Still there?"]
+
+
+def test_a_web_page_cannot_drive_the_api_by_rebinding_its_name_or_posting_plain_text(
+    tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    """Each of these answered 200 and ran the model into the user's conversations: a page
+    whose name was rebound to 127.0.0.1 (its Host), a cross-site fetch with a text/plain or
+    form body (no CORS preflight), any page's Origin."""
+    db = tmp_path / "a.db"
+    with serving(tiny_models["dense"], db, cors_origins=("http://allowed.example",)) as (
+            server, client):
+        root = f"http://127.0.0.1:{server.port}"
+        body = json.dumps({"messages": [{"role": "user", "content": "planted"}],
+                           "max_tokens": 4}).encode()
+        json_type = {"content-type": "application/json"}
+        refused = [
+            ("GET", "/v1/models", {"host": f"attacker.example:{server.port}"}, 403, "loopback"),
+            ("GET", "/arbor/stats", {"host": "attacker.example"}, 403, "loopback"),
+            ("POST", "/v1/chat/completions", {**json_type, "host": "attacker.example"}, 403,
+             "loopback"),
+            ("POST", "/v1/chat/completions", {"host": "[::1]", **json_type}, 403, "loopback"),
+            ("POST", "/v1/chat/completions", {"content-type": "text/plain"}, 415, "JSON"),
+            ("POST", "/v1/chat/completions",
+             {"content-type": "application/x-www-form-urlencoded"}, 415, "JSON"),
+            ("POST", "/v1/chat/completions", {}, 415, "JSON"),
+            ("POST", "/v1/chat/completions", {**json_type, "origin": "https://evil.example"},
+             403, "evil.example"),
+            ("GET", "/v1/models", {"origin": "null"}, 403, "null"),
+        ]
+        for method, path, headers, status, words in refused:
+            answer = httpx.request(method, root + path, headers=headers, timeout=TIMEOUT,
+                                   content=body if method == "POST" else None)
+            assert answer.status_code == status, (path, headers, answer.text[:200])
+            assert words in answer.json()["error"]["message"]
+        for headers in ({"host": f"localhost:{server.port}"},
+                        {"host": f"127.0.0.1:{server.port}"},
+                        {"origin": "http://allowed.example"}):
+            answer = httpx.get(root + "/v1/models", headers=headers, timeout=TIMEOUT)
+            assert answer.status_code == 200, (headers, answer.text[:200])
+        answer = httpx.post(root + "/v1/chat/completions", content=body, timeout=TIMEOUT,
+                            headers={"content-type": "application/json; charset=utf-8"})
+        assert answer.status_code == 200 and ask(client, chat("Still there?")).choices
+    with Store(db) as store:  # the refused requests left no trace
+        assert sorted(i.title for i in store.list()) == ["API: Still there?", "API: planted"]
+
+
+def test_a_key_is_required_when_set_and_other_addresses_need_the_flag(
+    tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    with serving(tiny_models["dense"], tmp_path / "a.db", api_key="s3cret") as (server, client):
+        assert ask(client, chat("hi")).choices
+        other = OpenAI(base_url=server.url, api_key="wrong", max_retries=0)
+        with pytest.raises(openai.AuthenticationError):
+            ask(other, chat("hi"))
+        other.close()
+        no_key = httpx.get(server.url + "/models", timeout=TIMEOUT)
+        assert no_key.status_code == 401 and "API key" in no_key.json()["error"]["message"]
+        assert [m.id for m in client.models.list()] == [model_id_of(tiny_models["dense"])]
+    with pytest.raises(ValueError, match="--allow-remote and --api-key"):
+        check_binding(ServerOptions(host="0.0.0.0"))
+    with pytest.raises(ValueError):
+        check_binding(ServerOptions(host="0.0.0.0", allow_remote=True))
+    check_binding(ServerOptions(host="0.0.0.0", allow_remote=True, api_key="k"))
+
+
+def test_a_client_that_leaves_mid_stream_stops_its_reply_and_frees_the_engine(
+    tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    db = tmp_path / "a.db"
+    with serving(tiny_models["dense"], db, max_queue=1) as (server, client):
+        url = server.url + "/chat/completions"
+        body = {"messages": [{"role": "user", "content": "Go on forever"}],
+                "max_tokens": 1000, "stream": True}
+        with httpx.stream("POST", url, json=body, timeout=TIMEOUT) as response:
+            lines = response.iter_lines()
+            assert next(line for line in lines if line.startswith("data:"))
+            # While it streams, one request may wait; the next is turned away.
+            waiting = threading.Thread(target=ask, args=(client, chat("queued")))
+            waiting.start()
+            worker = server.worker
+            while worker._queue.qsize() == 0:  # the queue is what this tests
+                threading.Event().wait(0.01)
+            with pytest.raises(openai.RateLimitError):
+                ask(client, chat("one too many"))
+        waiting.join()  # served once the first client left
+        assert ask(client, chat("after")).choices
+    with Store(db) as store:
+        info = next(i for i in store.list() if i.title == "API: Go on forever")
+        reply = store.load(info.id).messages()[-1]
+        assert reply.role is Role.ASSISTANT and reply.status is NodeStatus.INTERRUPTED
+        assert reply.text
+
+
+def test_the_api_key_comes_from_a_private_file_or_the_environment(tmp_path: Path) -> None:
+    """It could only be given on the command line, which every local user can read."""
+    private = tmp_path / "key"
+    private.write_text("s3cret-ü\n", encoding="utf-8")
+    private.chmod(0o600)
+    assert api_key_of(None, private, {}) == "s3cret-ü"
+    assert api_key_of(None, None, {"ARBOR_API_KEY": "from-env"}) == "from-env"
+    assert api_key_of("flag", None, {"ARBOR_API_KEY": "from-env"}) == "flag"
+    assert api_key_of(None, None, {}) is None
+    private.chmod(0o644)
+    with pytest.raises(ValueError, match="chmod 600"):
+        api_key_of(None, private, {})
+    with pytest.raises(ValueError, match="cannot read"):
+        api_key_of(None, tmp_path / "missing", {})
+    done = subprocess.run(
+        [sys.executable, "-m", "engine", "serve", "--api-key-file", str(private)],
+        cwd=ROOT, capture_output=True, text=True, check=False)
+    assert done.returncode == 2 and len(done.stderr.strip().splitlines()) == 1
+    assert "chmod 600" in done.stderr
+
+
+def test_a_key_with_non_ascii_characters_works_when_it_is_right(
+    tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    """The header was compared after a Latin-1 decode and a UTF-8 encode: refused when right."""
+    key = "clé-ü-\u6f22"
+    with serving(tiny_models["dense"], tmp_path / "a.db", api_key=key) as (server, _client):
+        def models(value: bytes) -> int:
+            return httpx.get(server.url + "/models", headers={"authorization": value},
+                             timeout=TIMEOUT).status_code
+
+        assert models(b"Bearer " + key.encode("utf-8")) == 200
+        assert models(b"Bearer " + key.encode("latin-1", "replace")) == 401

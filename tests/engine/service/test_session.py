@@ -1,0 +1,120 @@
+"""Session operations beyond the replay ops: stopping a reply and continuing it later."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from engine.core.memory import MemoryKind
+from engine.core.tree import NodeStatus
+from engine.llm.llama import SamplingParams
+from engine.llm.runtime import Runtime, RuntimeSettings
+from engine.service.session import GenerationOptions, Session
+from engine.storage.checkpoints import CheckpointStore
+from engine.storage.store import Store, StoreSink
+from tests.conftest import ALL_KINDS
+
+
+def _stop_after(n: int) -> GenerationOptions:
+    seen: list[str] = []
+    return GenerationOptions(max_tokens=40, on_text=seen.append, cancel=lambda: len(seen) >= n)
+
+
+@pytest.mark.parametrize("kind", ALL_KINDS, ids=lambda k: k.value)
+def test_an_interrupted_reply_continues_exactly_as_a_full_reprocess_would(
+    kind: MemoryKind, tiny_models: dict[str, Path]
+) -> None:
+    texts = []
+    for use_cache in (True, False):
+        runtime = Runtime(tiny_models[kind.value], RuntimeSettings(n_ctx=1024, n_batch=32))
+        try:
+            store = CheckpointStore(runtime.identity()) if use_cache else None
+            session = Session(runtime, system="S", seed=4, use_cache=use_cache, checkpoints=store,
+                              sampling=SamplingParams(temperature=0.9))
+            session.send("Tell me a story.", GenerationOptions(max_tokens=6))
+            stopped = session.send("Another one.", _stop_after(3))
+            reply = session.tree.node(stopped.node_id or -1)
+            assert reply.status is NodeStatus.INTERRUPTED and stopped.report is not None
+            assert stopped.report.generated_tokens == 3
+            partial = reply.text
+            resumed = session.resume(reply.id, GenerationOptions(max_tokens=8))
+            assert resumed.node_id == reply.id
+            assert reply.text.startswith(partial) and len(reply.text) > len(partial)
+            assert reply.status is NodeStatus.COMPLETE
+            if use_cache:
+                assert resumed.report is not None and resumed.report.reused_tokens > 0
+            session.send("And then?", GenerationOptions(max_tokens=6))
+            texts.append([n.text for n in session.tree.messages()])
+        finally:
+            runtime.close()
+    assert texts[0] == texts[1]
+
+
+def test_a_reply_cut_by_a_crash_reopens_interrupted_and_continues(
+    tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    db = tmp_path / "c.db"
+    runtime = Runtime(tiny_models["dense"], RuntimeSettings(n_ctx=1024, n_batch=32))
+    try:
+        store = Store(db)
+        session = Session(runtime, seed=2)
+        cid = store.create(session.tree, title="t")
+        session.sink = StoreSink(store, cid, interval_s=0.0)
+
+        class Crash(Exception):
+            pass
+
+        def crash_after_three(piece: str, seen: list[str] = []) -> None:  # noqa: B006
+            seen.append(piece)
+            if len(seen) == 3:
+                raise Crash
+
+        with pytest.raises(Crash):
+            session.send("Hello", GenerationOptions(max_tokens=20, on_text=crash_after_three))
+        store.close()  # the "process" is gone; what the store saw is what survives
+
+        with Store(db) as reopened:
+            tree = reopened.load(cid)
+            reply = tree.message(1)
+            assert reply.status is NodeStatus.INTERRUPTED and reply.text
+            revived = Session(runtime, tree, seed=2, sink=StoreSink(reopened, cid))
+            revived.resume(reply.id, GenerationOptions(max_tokens=5))
+            assert reopened.load(cid).message(1).status is NodeStatus.COMPLETE
+    finally:
+        runtime.close()
+
+
+def test_the_reply_exists_while_its_prompt_is_prepared_and_a_failed_prepare_takes_it_back(
+    tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    """As in the window: a streaming reply is saved before the prompt is decoded (a crash
+    then leaves an interrupted reply, not a silent gap), and a prompt that does not fit
+    leaves the conversation as it was, with one clear error."""
+    from engine.core.errors import ContextOverflowError
+    from engine.core.tree import Role
+
+    runtime = Runtime(tiny_models["dense"], RuntimeSettings(n_ctx=256, n_batch=32))
+    store = Store(tmp_path / "c.db")
+    try:
+        session = Session(runtime, seed=1)
+        cid = store.create(session.tree, title="t")
+        session.sink = StoreSink(store, cid)
+        seen: list[list[str]] = []
+
+        def during_prepare(_done: int, _total: int) -> None:
+            saved = store.load(cid)
+            seen.append([n.status.value for n in saved.nodes() if n.role is Role.ASSISTANT])
+
+        session.send("Hello.", GenerationOptions(max_tokens=4, on_progress=during_prepare))
+        assert seen and seen[0] == ["streaming"]
+        before = [(n.id, n.text) for n in store.load(cid).nodes()]
+        with pytest.raises(ContextOverflowError):
+            session.send("word " * 400, GenerationOptions(max_tokens=4))
+        after = store.load(cid)
+        assert [n.role for n in after.nodes()].count(Role.ASSISTANT) == 1
+        assert [(n.id, n.text) for n in after.nodes()][: len(before)] == before
+        assert after.node(after.active_leaf).text.startswith("word")  # the message is kept
+    finally:
+        store.close()
+        runtime.close()

@@ -1,0 +1,776 @@
+"""Checkpoints on real llama.cpp: placement, search, verified restore, the store, faults.
+
+Many tests here are the bugs of the ik_llama.cpp server change this project grew from
+(../shared/reference/ik_llama-checkpoints-pr.txt), one test each.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+import tracemalloc
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from engine.core.memory import MemoryKind
+from engine.core.schedule import decode_schedule
+from engine.core.tree import Role, Tree
+from engine.files.strict_json import dumps_strict
+from engine.llm.generator import Generator
+from engine.llm.llama import SamplingParams
+from engine.llm.runtime import Runtime, Source
+from engine.service.session import GenerationOptions, Session
+from engine.storage.checkpoints import Checkpoint, CheckpointStore, Identity, file_head, plan_saves
+from tests.conftest import ALL_KINDS, RuntimeFactory
+from tests.helpers import fresh_logits, random_tokens
+
+GREEDY = SamplingParams(temperature=0.0)
+KEY = b"the test installation's key: 32b"
+
+
+def _assert_same_as_full_decode(
+    runtime: Runtime, target: list[int], marks: list[int] | None = None
+) -> None:
+    """Bit-identical on every memory kind. A sliding-window cache (swa_full off) restored
+    into other cells than a fresh decode used would sum attention in another order; every
+    mode settles it at each chunk end (Runtime._settles), so there is no such difference."""
+    restored = runtime.last_logits()
+    fresh = fresh_logits(runtime, target, marks or [])
+    assert np.array_equal(restored, fresh)
+
+
+def _capture_at(runtime: Runtime, stream: list[int], *counts: int) -> list[Checkpoint]:
+    """Decode `stream` from scratch, with message ends at `counts`, and capture the state
+    there."""
+    saved: list[Checkpoint] = []
+    runtime.clear()
+    runtime.prepare(stream, marks=counts, use_live=False, save_at=counts,
+                    on_checkpoint=saved.append)
+    assert [c.n_tokens for c in saved] == sorted(counts)
+    return saved
+
+
+def _identity(**changes: object) -> Identity:
+    base = Identity(
+        model_sha256="a" * 64, llama_cpp_python="0.3.36", n_ctx=1024, n_batch=64,
+        type_k="f16", type_v="f16", flash_attn="off", swa_full=False,
+    )
+    return replace(base, **changes)  # type: ignore[arg-type]
+
+
+# --- placement -----------------------------------------------------------------------------
+
+
+def test_interval_checkpoints_sit_at_the_first_chunk_end_past_each_multiple() -> None:
+    """Where they go depends on the schedule alone: no gate state, no +1 fudge (the PR's
+    regression opened the gate one position early)."""
+    long = decode_schedule(8494, n_batch=512)
+    assert plan_saves(MemoryKind.DENSE, long, [], 2048) == [2048, 4096, 6144, 8192, 8494]
+    short = decode_schedule(2047, n_batch=512)
+    assert plan_saves(MemoryKind.DENSE, short, [], 2048) == [2047]
+    exact = decode_schedule(2048, n_batch=512)
+    assert plan_saves(MemoryKind.DENSE, exact, [], 2048) == [2048]
+    assert plan_saves(MemoryKind.DENSE, long, [], 0) == [8494]
+    # A message end just before a multiple: the first chunk end at or past it takes it.
+    marked = decode_schedule(3000, n_batch=512, marks=[2040])
+    assert 2048 in marked.ends and plan_saves(MemoryKind.DENSE, marked, [2040], 2048) == [
+        2048, 3000,
+    ]
+
+
+@pytest.mark.parametrize("kind", ALL_KINDS, ids=lambda k: k.value)
+def test_placement_policy_per_memory_kind(kind: MemoryKind) -> None:
+    node_ends = [20, 60, 100, 140]  # system, user, assistant, user
+    schedule = decode_schedule(143, n_batch=512, marks=node_ends)
+    saves = plan_saves(kind, schedule, node_ends, interval=64)
+    if kind is MemoryKind.DENSE:
+        # The live cache cuts back to any node end for free: only the prompt's end (to jump
+        # to a branch that is not live) and the interval's chunk ends.
+        assert saves == [100, 140, 143]
+    else:
+        # Recurrent, hybrid and sliding-window caches cannot go back: keep every node end.
+        assert saves == [20, 60, 100, 140, 143]
+    assert set(saves) <= set(schedule.ends)  # checkpoints are taken only at chunk ends
+
+
+def test_a_recurrent_state_is_saved_more_often_inside_long_messages() -> None:
+    """Its size does not grow with the position, so its grid and interval are capped; the
+    other kinds keep the user's interval (their state grows with every token)."""
+    node_ends = [20, 1020, 1530]  # system, a 1,000-token user message, its reply
+    recurrent = decode_schedule(1535, n_batch=512, grid=256, marks=node_ends)
+    assert plan_saves(MemoryKind.RECURRENT, recurrent, node_ends, 2048) == [
+        20, 256, 512, 768, 1020, 1024, 1280, 1530, 1535,
+    ]
+    hybrid = decode_schedule(1535, n_batch=512, marks=node_ends)
+    assert plan_saves(MemoryKind.HYBRID, hybrid, node_ends, 2048) == [20, 1020, 1530, 1535]
+    assert plan_saves(MemoryKind.RECURRENT, recurrent, node_ends, 0) == [20, 1020, 1530, 1535]
+
+
+# --- search and restore on every memory kind -------------------------------------------------
+
+
+@pytest.mark.parametrize("kind", ALL_KINDS, ids=lambda k: k.value)
+def test_restore_resumes_at_pos_max_plus_one_with_bit_identical_logits(
+    kind: MemoryKind, tiny_models: dict[str, Path], make_runtime: RuntimeFactory
+) -> None:
+    runtime = make_runtime(tiny_models[kind.value], n_ctx=1024, n_batch=64)
+    stream = random_tokens(300)
+    (checkpoint,) = _capture_at(runtime, stream, 200)
+    runtime.clear()
+    target = stream[:260]
+    report = runtime.prepare(target, marks=[200], checkpoints=[checkpoint])
+    assert report.source is Source.CHECKPOINT and report.checkpoint_pos == 199
+    assert (report.reused_tokens, report.decoded_tokens) == (200, 60)
+    # Re-decoding position 199 would double-count it in a recurrent state: logits would differ.
+    _assert_same_as_full_decode(runtime, target, [200])
+
+
+@pytest.mark.parametrize("kind", ALL_KINDS, ids=lambda k: k.value)
+def test_search_takes_the_deepest_checkpoint_that_ends_before_the_divergence(
+    kind: MemoryKind, tiny_models: dict[str, Path], make_runtime: RuntimeFactory
+) -> None:
+    runtime = make_runtime(tiny_models[kind.value], n_ctx=1024, n_batch=64)
+    stream = random_tokens(320)
+    marks = [100, 200, 300]
+    saved = _capture_at(runtime, stream, *marks)
+    runtime.clear()
+    # Diverges at 250: the newest (300) extends past the divergence and must not be used.
+    target = stream[:250] + random_tokens(30, seed=4)
+    report = runtime.prepare(target, marks=marks, checkpoints=saved)
+    assert (report.source, report.checkpoint_pos) == (Source.CHECKPOINT, 199)
+    _assert_same_as_full_decode(runtime, target, marks)
+    # A target that ends at a checkpoint cannot use it (its last chunk is always decoded:
+    # saved state has no logits); the one before it is taken instead.
+    runtime.clear()
+    report = runtime.prepare(stream[:200], marks=marks, checkpoints=saved)
+    assert (report.checkpoint_pos, report.decoded_tokens) == (99, 100)
+    # One token past it is a one-token last chunk, for the full reprocess too.
+    runtime.clear()
+    report = runtime.prepare(stream[:201], marks=marks, checkpoints=saved)
+    assert (report.checkpoint_pos, report.decoded_tokens) == (199, 1)
+    _assert_same_as_full_decode(runtime, stream[:201], marks)
+
+
+@pytest.mark.parametrize("kind", ALL_KINDS, ids=lambda k: k.value)
+def test_a_checkpoint_decoded_with_other_chunk_ends_is_never_restored(
+    kind: MemoryKind, tiny_models: dict[str, Path], make_runtime: RuntimeFactory
+) -> None:
+    """The same tokens split elsewhere are another state on K-quant models: a checkpoint
+    is a candidate only where its chunk ends are the target's."""
+    runtime = make_runtime(tiny_models[kind.value], n_ctx=1024, n_batch=64)
+    stream = random_tokens(300)
+    (at200,) = _capture_at(runtime, stream, 200)
+    assert at200.bounds == (64, 128, 192, 200)
+    runtime.clear()
+    report = runtime.prepare(stream[:260], marks=[150, 200], checkpoints=[at200])
+    assert report.source is Source.NONE and report.failed_checkpoints == ()
+    report = runtime.prepare(stream[:260], checkpoints=[at200])  # no mark at 200 at all
+    assert report.checkpoint_pos is None
+
+
+@pytest.mark.parametrize("kind", ALL_KINDS, ids=lambda k: k.value)
+def test_a_misplaced_restore_is_caught_and_never_produces_output(
+    kind: MemoryKind, tiny_models: dict[str, Path], make_runtime: RuntimeFactory
+) -> None:
+    """A blob of the right size that holds another position (the PR's silent corruption)."""
+    runtime = make_runtime(tiny_models[kind.value], n_ctx=1024, n_batch=64)
+    stream = random_tokens(300)
+    (real,) = _capture_at(runtime, stream, 200)
+    # Says 150 tokens (decoded with the target's chunk ends), holds 200.
+    liar = Checkpoint(tokens=tuple(stream[:150]), blob=real.blob, bounds=(64, 128, 150))
+    runtime.clear()
+    report = runtime.prepare(stream[:220], marks=[150], checkpoints=[liar])
+    assert report.failed_checkpoints == (liar.id,)
+    assert report.source is Source.NONE and report.reused_tokens == 0
+    assert np.array_equal(runtime.last_logits(), fresh_logits(runtime, stream[:220], [150]))
+
+
+def test_a_truncated_blob_is_refused_by_the_size_check_and_the_next_candidate_used(
+    tiny_models: dict[str, Path], make_runtime: RuntimeFactory
+) -> None:
+    runtime = make_runtime(tiny_models["recurrent"], n_ctx=1024, n_batch=64)
+    stream = random_tokens(300)
+    early, late = _capture_at(runtime, stream, 100, 200)
+    assert late.blob is not None
+    broken = replace(late, blob=bytes(late.blob[: len(late.blob) // 2]), id=late.id + 10_000)
+    runtime.clear()
+    marks = [100, 200]
+    report = runtime.prepare(stream[:250], marks=marks, checkpoints=[broken, early])
+    assert report.failed_checkpoints == (broken.id,)
+    assert (report.source, report.checkpoint_pos) == (Source.CHECKPOINT, 99)
+    assert np.array_equal(runtime.last_logits(), fresh_logits(runtime, stream[:250], marks))
+
+
+def test_the_live_cache_wins_a_tie_and_a_deeper_checkpoint_beats_it(
+    tiny_models: dict[str, Path], make_runtime: RuntimeFactory
+) -> None:
+    runtime = make_runtime(tiny_models["dense"], n_ctx=1024, n_batch=64)
+    stream = random_tokens(300)
+    (at200,) = _capture_at(runtime, stream, 200)
+    runtime.clear()
+    # The live cache shares 200 tokens with the stream, and a message end there.
+    runtime.prepare(stream[:200] + random_tokens(50, seed=8), marks=[200])
+    report = runtime.prepare(stream[:260], marks=[200], checkpoints=[at200])
+    assert report.source is Source.LIVE and report.reused_tokens == 200
+    runtime.clear()
+    runtime.prepare(stream[:120] + random_tokens(50, seed=8), marks=[120])  # shares only 120
+    report = runtime.prepare(stream[:260], marks=[200], checkpoints=[at200])
+    assert report.source is Source.CHECKPOINT and report.reused_tokens == 200
+
+
+def test_a_checkpoint_or_live_cache_of_another_scope_is_never_reused(
+    tiny_models: dict[str, Path], make_runtime: RuntimeFactory
+) -> None:
+    """The runtime's own guard, under the store's: state prepared for one scope is never the
+    start of another's prompt, so what a request reuses tells nothing of other scopes."""
+    runtime = make_runtime(tiny_models["dense"], n_ctx=1024, n_batch=64)
+    stream = random_tokens(300)
+    (window,) = _capture_at(runtime, stream, 200)  # prepared for the window's scope
+    assert window.scope == ""
+    runtime.clear()
+    saved: list[Checkpoint] = []
+    report = runtime.prepare(stream[:260], marks=[200], checkpoints=[window], save_at=[200],
+                             on_checkpoint=saved.append, scope="api:b")
+    assert report.source is Source.NONE and report.failed_checkpoints == ()
+    assert runtime.live_scope == "api:b"
+    assert [c.scope for c in saved] == ["api:b"]  # made from state prepared for api:b
+    # The live cache holds api:b's 260 tokens: the window cannot reuse them; api:b can.
+    report = runtime.prepare(stream[:290], marks=[200, 260])
+    assert report.source is Source.NONE and report.reused_tokens == 0
+    runtime.prepare(stream[:260], marks=[200], scope="api:b")
+    report = runtime.prepare(stream[:290], marks=[200, 260], checkpoints=[window],
+                             scope="api:b")
+    assert report.source is Source.LIVE and report.reused_tokens == 260
+    _assert_same_as_full_decode(runtime, stream[:290], [200, 260])
+
+
+@pytest.mark.parametrize("kind", [MemoryKind.DENSE, MemoryKind.RECURRENT],
+                         ids=lambda k: k.value)
+def test_a_generator_reuses_state_only_within_the_requests_scope(
+    kind: MemoryKind, tiny_models: dict[str, Path], make_runtime: RuntimeFactory
+) -> None:
+    """Issue 24's cache oracle at the engine: client a's private note left in the cache and
+    the store; client b sending the same text reuses nothing of it (so `cached_tokens` and
+    the time tell b nothing), and each scope still reuses its own state."""
+    runtime = make_runtime(tiny_models[kind.value], n_ctx=1024, n_batch=16)
+    store = CheckpointStore(runtime.identity())
+    generator = Generator(runtime, sampling=GREEDY, checkpoints=store)
+    tree = Tree("Keep my notes.")
+    note = tree.add_child(tree.root.id, Role.USER, "Private: the vault code is 4417.")
+    path = tree.path_to(note.id)
+
+    def answer(scope: str) -> tuple[int, str]:
+        prepared = generator.prepare(path, scope=scope)
+        return (prepared.report.reused_tokens,
+                generator.generate(max_tokens=8, seed=3).text)
+
+    first, text = answer("api:a")
+    assert first == 0 and {c.scope for c in store.all()} == {"api:a"}
+    assert answer("api:b") == (0, text)  # a's live cache and checkpoints are not b's
+    again, same = answer("api:b")
+    assert again > 0 and same == text  # b's own state serves b
+    if kind is MemoryKind.RECURRENT:  # a's node-end checkpoints, with b's state live
+        assert answer("api:a")[0] > 0
+    # A warm-up prepares for its own scope: a's exact prefix in the context is not b's.
+    assert generator.warm(path, scope="api:a") is not None
+    assert generator.warm(path, scope="api:a") is None
+    assert generator.warm(path, scope="api:b") is not None
+    # The reply never depends on the cache: the same words from a context that saw nothing.
+    cold = Generator(make_runtime(tiny_models[kind.value], n_ctx=1024, n_batch=16),
+                     sampling=GREEDY, use_cache=False)
+    cold.prepare(path)
+    assert cold.generate(max_tokens=8, seed=3).text == text
+
+
+def test_the_smollm2_restore_is_bit_identical(
+    smollm2_path: Path, make_runtime: RuntimeFactory
+) -> None:
+    runtime = make_runtime(smollm2_path, n_ctx=1024, n_batch=256)
+    stream = random_tokens(400)
+    (checkpoint,) = _capture_at(runtime, stream, 200)
+    runtime.clear()
+    runtime.prepare(stream, marks=[200], checkpoints=[checkpoint])
+    assert np.array_equal(runtime.last_logits(), fresh_logits(runtime, stream, [200]))
+
+
+# --- the store -----------------------------------------------------------------------------
+
+
+def _fake(tokens: list[int], size: int, node: int) -> Checkpoint:
+    return Checkpoint(
+        tokens=tuple(tokens), blob=bytearray(size), bounds=(len(tokens),), node_id=node
+    )
+
+
+def test_budget_spills_the_least_valuable_to_disk_before_dropping(tmp_path: Path) -> None:
+    store = CheckpointStore(_identity(), key=KEY, ram_budget=2500, disk_dir=tmp_path,
+                            disk_budget=2000)
+    active = _fake([1, 2, 3], 1000, node=1)
+    old = _fake([1, 2, 4], 1000, node=2)
+    recent = _fake([1, 2, 5], 1000, node=3)
+    for checkpoint in (active, old, recent):
+        store.add(checkpoint)
+    store.protect([1])
+    store.enforce_budget()
+    stats = store.stats()
+    assert (stats.count, stats.ram_count, stats.disk_count) == (3, 2, 1)
+    assert stats.ram_bytes == 2000 and stats.disk_bytes > 1000
+    assert store.nodes_with_checkpoints() == {1: "ram", 2: "disk", 3: "ram"}
+    spilled = next(c for c in store.all() if c.node_id == 2)
+    fetched = store.fetch(spilled)
+    assert fetched is not None and fetched.blob == bytearray(1000)
+    # Over the disk budget too: the least valuable go for good.
+    store.ram_budget = 0
+    store.enforce_budget()
+    assert store.stats().disk_count <= 2 and store.stats().ram_count == 0
+
+
+def test_without_a_disk_tier_eviction_drops(tmp_path: Path) -> None:
+    store = CheckpointStore(_identity(), ram_budget=1000)
+    store.add(_fake([1], 800, node=1))
+    store.add(_fake([2], 800, node=2))
+    store.protect([2])
+    store.enforce_budget()
+    assert [c.node_id for c in store.all()] == [2]
+
+
+def test_deleting_nodes_frees_their_checkpoints(tmp_path: Path) -> None:
+    store = CheckpointStore(_identity(), key=KEY, ram_budget=0, disk_dir=tmp_path)
+    store.add(_fake([1], 10, node=1))
+    store.add(_fake([2], 10, node=2))
+    store.enforce_budget()  # both to disk
+    files = list(tmp_path.rglob("*.ckpt"))
+    assert len(files) == 2
+    assert store.drop_nodes([1, 7]) == 1
+    assert [c.node_id for c in store.all()] == [2]
+    assert len(list(tmp_path.rglob("*.ckpt"))) == 1
+
+
+def test_a_store_offers_each_scope_only_its_own_checkpoints() -> None:
+    """Scopes (one per API `user`, "" the window) share nothing: the same state made for two
+    scopes is kept twice, and a search never finds another scope's."""
+    store = CheckpointStore(_identity())
+    tokens = [5, 6, 7, 8]
+    for scope in ("", "api:a", "api:b", "api:a"):
+        store.add(Checkpoint(tokens=tuple(tokens[:3]), blob=b"s", bounds=(3,), scope=scope))
+    assert sorted(c.scope for c in store.all()) == ["", "api:a", "api:b"]
+    schedule = decode_schedule(4, n_batch=64, marks=[3])
+    for scope in ("", "api:a", "api:b"):
+        assert [c.scope for c in store.candidates(tokens, schedule, scope=scope)] == [scope]
+    assert store.candidates(tokens, schedule, scope="api:c") == []
+
+
+def test_the_disk_tier_keeps_a_checkpoints_scope_and_an_old_file_is_the_windows(
+    tmp_path: Path,
+) -> None:
+    (path,) = spill(tmp_path, [Checkpoint(tokens=(1, 2, 3), blob=_blob(1), bounds=(3,),
+                                          scope="api:a")])
+    (kept,) = tier_store(tmp_path).all()
+    assert kept.scope == "api:a"
+    # A file written before scopes (no such field, signed): the window's.
+    _, header, blob = split(path.read_bytes())
+    forge(path, _edit(scope=...)(json.loads(header)), blob)
+    store = tier_store(tmp_path)
+    (old,) = store.all()
+    assert old.scope == "" and store.stats().rejected == 0
+    fetched = store.fetch(old)
+    assert fetched is not None and fetched.blob == _blob(1)
+
+
+def test_identity_changes_with_every_setting_that_shapes_the_state() -> None:
+    keys = {
+        _identity().key(),
+        _identity(model_sha256="b" * 64).key(),
+        _identity(n_ctx=2048).key(),
+        _identity(n_batch=128).key(),
+        _identity(type_k="q8_0").key(),
+        _identity(flash_attn="on").key(),
+        _identity(swa_full=True).key(),
+        _identity(llama_cpp_python="0.3.37").key(),
+        # A state made with offload or on RPC workers never goes into a CPU context.
+        _identity(devices="cuda").key(),
+        _identity(devices="cpu,rpc:10.0.0.5:50052").key(),
+    }
+    assert len(keys) == 10
+
+
+# --- hostile files in the disk tier: removed, never loaded, never fatal --------------------
+#
+# Anyone who can write the cache folder can put files there. Only files this installation
+# signed for this identity are offered, and each blob only under the header it was written
+# with; every other file is removed, so it cannot fail again at the next start.
+
+
+def tier_store(folder: Path, key: bytes = KEY, identity: Identity | None = None
+               ) -> CheckpointStore:
+    return CheckpointStore(identity or _identity(), key=key, ram_budget=0, disk_dir=folder)
+
+
+def spill(folder: Path, checkpoints: Sequence[Checkpoint],
+          identity: Identity | None = None) -> list[Path]:
+    """Write `checkpoints` to the disk tier under `folder` through a store; their files."""
+    store = tier_store(folder, identity=identity)
+    for checkpoint in checkpoints:
+        store.add(checkpoint)
+    store.enforce_budget()
+    assert store.stats().disk_count == len(checkpoints)
+    return tier_files(folder, identity)
+
+
+def tier_files(folder: Path, identity: Identity | None = None) -> list[Path]:
+    return sorted((folder / (identity or _identity()).key()).glob("*.ckpt"))
+
+
+def split(data: bytes) -> tuple[bytes, bytes, bytes]:
+    """A tier file's head (magic, version, header length, tag), JSON header and blob."""
+    (length,) = struct.unpack_from("<I", data, 12)  # after the magic and the version
+    start = len(file_head(KEY, b""))
+    return data[:start], data[start:start + length], data[start + length:]
+
+
+def forge(path: Path, header: bytes, blob: bytes, key: bytes = KEY) -> None:
+    """Write a tier file with this header and blob, signed with `key`."""
+    path.write_bytes(file_head(key, header) + header + blob)
+
+
+def _blob(seed: int, size: int = 300) -> bytes:
+    return bytes((seed * 31 + i * 7) % 251 for i in range(size))
+
+
+def test_a_disk_tier_needs_the_key_that_signs_it(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="key"):
+        CheckpointStore(_identity(), disk_dir=tmp_path)
+    assert len(CheckpointStore(_identity())) == 0  # the RAM tier alone needs none
+
+
+@pytest.mark.parametrize("recompute", [True, False], ids=["checksum recomputed", "as is"])
+def test_blobs_swapped_between_two_files_are_rejected_and_removed(
+    recompute: bool, tmp_path: Path
+) -> None:
+    files = spill(tmp_path, [
+        Checkpoint(tokens=(1, 2, 3), blob=_blob(1), bounds=(3,)),
+        Checkpoint(tokens=(1, 2, 4), blob=_blob(2), bounds=(3,)),
+    ])
+    (head_a, header_a, blob_a), (head_b, header_b, blob_b) = (split(f.read_bytes())
+                                                             for f in files)
+    for path, head, header, old, new in ((files[0], head_a, header_a, blob_a, blob_b),
+                                         (files[1], head_b, header_b, blob_b, blob_a)):
+        if recompute:  # the same length: the header keeps its size
+            header = header.replace(hashlib.sha256(old).hexdigest().encode(),
+                                    hashlib.sha256(new).hexdigest().encode())
+        path.write_bytes(head + header + new)
+    store = tier_store(tmp_path)
+    assert all(store.fetch(c) is None for c in store.all())
+    assert store.stats().rejected == 2 and len(store) == 0
+    assert tier_files(tmp_path) == []
+
+
+def test_a_file_signed_with_another_key_is_rejected_and_removed(tmp_path: Path) -> None:
+    spill(tmp_path, [Checkpoint(tokens=(1, 2, 3), blob=_blob(1), bounds=(3,))])
+    store = tier_store(tmp_path, key=b"another installation's key 32 by")
+    assert len(store) == 0 and store.stats().rejected == 1
+    assert tier_files(tmp_path) == []
+
+
+def test_another_models_file_with_its_identity_rewritten_is_rejected(tmp_path: Path) -> None:
+    other = _identity(model_sha256="0" * 64)
+    for path in spill(tmp_path, [Checkpoint(tokens=(1, 2, 3), blob=_blob(1), bounds=(3,))],
+                      identity=other):
+        target = tmp_path / _identity().key() / path.name
+        target.parent.mkdir(exist_ok=True)
+        target.write_bytes(path.read_bytes().replace(b"0" * 64, b"a" * 64))
+        path.unlink()
+    assert len(tier_files(tmp_path)) == 1
+    store = tier_store(tmp_path)
+    assert len(store) == 0 and store.stats().rejected == 1
+    assert tier_files(tmp_path) == []
+
+
+def test_a_file_of_the_previous_version_is_discarded(tmp_path: Path) -> None:
+    folder = tmp_path / _identity().key()
+    folder.mkdir()
+    blob = _blob(1)
+    header = json.dumps({
+        "identity": asdict(_identity()), "tokens": [1, 2, 3], "bounds": [3], "flags": 0,
+        "node_id": 1, "size": len(blob), "sha256": hashlib.sha256(blob).hexdigest(),
+    }).encode()
+    (folder / "1-1.ckpt").write_bytes(b"ARBORCKP" + struct.pack("<II", 2, len(header))
+                                      + header + blob)
+    store = tier_store(tmp_path)
+    assert len(store) == 0 and store.stats().rejected == 1
+    assert tier_files(tmp_path) == []
+
+
+def _edit(**fields: object) -> Callable[[dict[str, Any]], bytes]:
+    """A header with these fields changed (a value of ... removes the field)."""
+    def apply(header: dict[str, Any]) -> bytes:
+        for name, value in fields.items():
+            if value is ...:
+                del header[name]
+            else:
+                header[name] = value
+        return dumps_strict(header)
+    return apply
+
+
+def _raw(name: str, text: bytes) -> Callable[[dict[str, Any]], bytes]:
+    """A header whose field `name` holds `text`, as it is (no JSON writer would make it)."""
+    return lambda header: _edit(**{name: "RAW"})(header).replace(b'"RAW"', text)
+
+
+HEADER_DAMAGE: dict[str, Callable[[dict[str, Any]], bytes]] = {
+    "flags missing": _edit(flags=...),
+    "flags null": _edit(flags=None),
+    "flags text": _edit(flags="0"),
+    "flags true": _edit(flags=True),
+    "flags too large": _edit(flags=1 << 40),
+    "flags infinite": _raw("flags", b"1e400"),
+    "flags Infinity": _raw("flags", b"Infinity"),
+    "size huge": _edit(size=1 << 62),
+    "size negative": _edit(size=-1),
+    "size missing": _edit(size=...),
+    "sha256 missing": _edit(sha256=...),
+    "tokens empty": _edit(tokens=[], bounds=[]),
+    "tokens not ints": _edit(tokens=[1, 2.5, 3]),
+    "token negative": _edit(tokens=[1, -2, 3]),
+    "bounds wrong": _edit(bounds=[2]),
+    "identity missing": _edit(identity=...),
+    "scope not text": _edit(scope=5),
+    "scope too long": _edit(scope="x" * 10_000),
+    "not an object": lambda header: b"[1, 2, 3]",
+    "deep nesting": lambda header: b"[" * 100_000 + b"]" * 100_000,
+    "duplicate key": _raw("flags", b'0,"flags":0'),
+    "not UTF-8": _raw("flags", b'"\xff"'),
+    "not JSON": lambda header: b"{",
+}
+
+
+@pytest.mark.parametrize("damage", HEADER_DAMAGE)
+def test_a_bad_header_even_signed_never_stops_a_start_and_is_removed(
+    damage: str, tmp_path: Path
+) -> None:
+    """Signed with the right key, so only the header's own checks stand between it and a
+    crash (a bug of ours could write one; so could anyone holding the key)."""
+    (path,) = spill(tmp_path, [Checkpoint(tokens=(1, 2, 3), blob=_blob(1), bounds=(3,))])
+    _, header, blob = split(path.read_bytes())
+    forge(path, HEADER_DAMAGE[damage](json.loads(header)), blob)
+    store = tier_store(tmp_path)
+    assert len(store) == 0 and store.stats().rejected == 1
+    assert tier_files(tmp_path) == []
+    assert tier_store(tmp_path).stats().rejected == 0  # the next start is clean
+
+
+def test_a_declared_length_is_never_allocated_before_the_bytes_are_there(
+    tmp_path: Path,
+) -> None:
+    """Memory is bounded by the file, not by what its header says."""
+    (path,) = spill(tmp_path, [Checkpoint(tokens=(1, 2, 3), blob=_blob(1), bounds=(3,))])
+    data = path.read_bytes()
+    lying = data[:12] + struct.pack("<I", 1 << 26) + data[16:]  # a 64 MiB header, it says
+    _, header, blob = split(data)
+    second = path.with_name("2-2.ckpt")
+    forge(second, dumps_strict({**json.loads(header), "size": 1 << 40}), blob)
+    path.write_bytes(lying)
+    tracemalloc.start()
+    try:
+        store = tier_store(tmp_path)
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(store) == 0 and store.stats().rejected == 2
+    assert peak < 1 << 20
+    assert tier_files(tmp_path) == []
+
+
+def test_a_fifo_a_symlink_or_a_folder_named_like_a_checkpoint_never_stops_a_start(
+    tmp_path: Path,
+) -> None:
+    elsewhere = tmp_path / "elsewhere"
+    (valid,) = spill(elsewhere, [Checkpoint(tokens=(1, 2, 3), blob=_blob(1), bounds=(3,))])
+    folder = tmp_path / "tier" / _identity().key()
+    folder.mkdir(parents=True)
+    os.mkfifo(folder / "1-1.ckpt")  # opened for reading, it would wait for a writer forever
+    (folder / "2-2.ckpt").symlink_to(valid)  # a valid file, but not one of the tier's
+    (folder / "3-3.ckpt").mkdir()
+    store = tier_store(tmp_path / "tier")
+    assert len(store) == 0 and store.stats().rejected == 3
+    assert [p.name for p in folder.iterdir()] == ["3-3.ckpt"]  # a folder cannot be unlinked
+    assert valid.exists()  # the link went, not what it pointed to
+
+
+# --- faults on the disk tier: rejected before llama.cpp sees them -------------------------
+
+
+def _spill_session(runtime: Runtime, store: CheckpointStore) -> Session:
+    session = Session(runtime, system="S", sampling=GREEDY, seed=1, checkpoints=store)
+    session.send("Tell me about oak trees.", GenerationOptions(max_tokens=8))
+    session.send("And their roots?", GenerationOptions(max_tokens=8))
+    return session
+
+
+def _corrupt_truncate(path: Path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) - 100])
+
+
+def _corrupt_flip(path: Path) -> None:
+    data = bytearray(path.read_bytes())
+    data[-50] ^= 0x01
+    path.write_bytes(bytes(data))
+
+
+@pytest.mark.parametrize("fault", ["truncate", "bitflip", "other_model", "other_n_ctx"])
+def test_a_damaged_or_foreign_disk_checkpoint_is_rejected_and_the_reply_stays_correct(
+    fault: str,
+    tiny_models: dict[str, Path],
+    make_runtime: RuntimeFactory,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    runtime = make_runtime(tiny_models["recurrent"], n_ctx=1024, n_batch=64)
+    disk = tmp_path / "tier"
+    store = CheckpointStore(runtime.identity(), key=KEY, ram_budget=0, disk_dir=disk)
+    session = _spill_session(runtime, store)
+    assert store.stats().disk_count > 0 and store.stats().ram_count == 0
+    files = sorted((disk / runtime.identity().key()).glob("*.ckpt"))
+    if fault in ("other_model", "other_n_ctx"):
+        # Blobs written by another context land where this one looks (a copied cache dir).
+        other_identity = (
+            replace(runtime.identity(), model_sha256="0" * 64)
+            if fault == "other_model"
+            else replace(runtime.identity(), n_ctx=2048)
+        )
+        foreign = CheckpointStore(other_identity, key=KEY, ram_budget=0,
+                                  disk_dir=tmp_path / "other")
+        for checkpoint in store.all():
+            fetched = store.fetch(checkpoint)
+            assert fetched is not None
+            foreign.add(fetched)
+        foreign.enforce_budget()
+        for path in files:
+            path.unlink()
+        for path in (tmp_path / "other" / other_identity.key()).glob("*.ckpt"):
+            path.rename(disk / runtime.identity().key() / path.name)
+        store = CheckpointStore(runtime.identity(), key=KEY, ram_budget=0, disk_dir=disk)
+        assert len(store) == 0 and store.stats().rejected > 0  # refused at the index
+        session.checkpoints = store
+    else:
+        for path in files:
+            (_corrupt_truncate if fault == "truncate" else _corrupt_flip)(path)
+    handed: list[int] = []
+    original = runtime.ctx.state_set
+
+    def watched(blob: bytes | bytearray, flags: int = 0) -> int:
+        handed.append(len(blob))
+        return original(blob, flags)
+
+    monkeypatch.setattr(runtime.ctx, "state_set", watched)
+    runtime.clear()  # force the step to look for a checkpoint
+    session.tree.rewind(session.tree.message(2).id)
+    report = session.regenerate(GenerationOptions(max_tokens=8))
+    assert handed == []  # nothing damaged or foreign reached llama.cpp
+    assert report.report is not None and report.report.source is Source.NONE
+
+    reference = Session(runtime, system="S", sampling=GREEDY, seed=1, use_cache=False)
+    reference.send("Tell me about oak trees.", GenerationOptions(max_tokens=8))
+    reference.send("And their roots?", GenerationOptions(max_tokens=8, seed=1 + 2))
+    assert report.text == reference.tree.message(3).text
+
+
+def test_disk_checkpoints_survive_a_restart_and_are_used_when_everything_matches(
+    tiny_models: dict[str, Path], make_runtime: RuntimeFactory, tmp_path: Path
+) -> None:
+    disk = tmp_path / "tier"
+    first = make_runtime(tiny_models["hybrid"], n_ctx=1024, n_batch=64)
+    store = CheckpointStore(first.identity(), key=KEY, ram_budget=0, disk_dir=disk)
+    _spill_session(first, store)
+    assert store.stats().disk_count > 0
+    first.close()
+
+    second = make_runtime(tiny_models["hybrid"], n_ctx=1024, n_batch=64)
+    reopened = CheckpointStore(second.identity(), key=KEY, disk_dir=disk)
+    assert len(reopened) == store.stats().disk_count
+    _spill_session(second, reopened)  # the same conversation, after a restart
+    assert reopened.stats().restored >= 1
+    assert reopened.stats().rejected == 0
+
+    other_ctx = make_runtime(tiny_models["hybrid"], n_ctx=512, n_batch=64)
+    assert len(CheckpointStore(other_ctx.identity(), key=KEY, disk_dir=disk)) == 0
+
+
+def test_the_just_restored_checkpoint_is_kept_and_no_new_one_is_made_at_once(
+    tiny_models: dict[str, Path], make_runtime: RuntimeFactory
+) -> None:
+    runtime = make_runtime(tiny_models["recurrent"], n_ctx=1024, n_batch=64)
+    store = CheckpointStore(runtime.identity())
+    session = _spill_session(runtime, store)
+    positions_before = sorted(c.pos_max for c in store.all())
+    restored_before = store.stats().restored
+    runtime.clear()
+    session.regenerate(GenerationOptions(max_tokens=8))
+    after = sorted(c.pos_max for c in store.all())
+    assert store.stats().restored == restored_before + 1
+    # The restored one is still there, and restoring it created nothing new: the prompt's
+    # end was already saved, and the gate knows where the last checkpoint is.
+    assert after == positions_before
+
+
+def test_deleting_a_branch_frees_its_checkpoints(
+    tiny_models: dict[str, Path], make_runtime: RuntimeFactory
+) -> None:
+    runtime = make_runtime(tiny_models["recurrent"], n_ctx=1024, n_batch=64)
+    store = CheckpointStore(runtime.identity())
+    session = _spill_session(runtime, store)
+    second_user = session.tree.message(2).id
+    attached = [c for c in store.all() if c.node_id == second_user]
+    assert attached
+    session.delete_branch(second_user)
+    assert all(c.node_id != second_user for c in store.all())
+    assert len(store) == session.checkpoints.stats().count  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("kind", ALL_KINDS, ids=lambda k: k.value)
+def test_the_prompt_end_checkpoint_is_taken_after_the_first_token_and_is_exact(
+    kind: MemoryKind, tiny_models: dict[str, Path], make_runtime: RuntimeFactory
+) -> None:
+    """Copying the cache at the prompt's end would delay the first token; it waits until the
+    first token is sampled, and still holds exactly the prompt."""
+    runtime = make_runtime(tiny_models[kind.value], n_ctx=512, n_batch=16)
+    target = random_tokens(60, seed=3)
+    events: list[str] = []
+    saved: list[Checkpoint] = []
+
+    def keep(checkpoint: Checkpoint) -> None:
+        events.append(f"checkpoint {checkpoint.n_tokens}")
+        saved.append(checkpoint)
+
+    runtime.prepare(target, save_at=[32, 60], on_checkpoint=keep)  # 32: a grid chunk end
+    assert events == ["checkpoint 32"]  # the one inside the prompt is taken at once
+    runtime.generate(max_tokens=3, sampling=GREEDY, seed=1,
+                     on_token=lambda token, _piece: events.append(f"token {token}"))
+    assert events[0] == "checkpoint 32" and events[1].startswith("token ")
+    assert events[2] == "checkpoint 60" and len(events) == 5
+    assert saved[-1].tokens == tuple(target)
+    assert runtime.restore(saved[-1])
+    runtime.prepare(target, checkpoints=[saved[-1]])  # cannot use it: decodes from 32
+    _assert_same_as_full_decode(runtime, target)
+
+
+def test_a_deferred_checkpoint_is_kept_when_no_reply_follows(
+    tiny_models: dict[str, Path], make_runtime: RuntimeFactory
+) -> None:
+    runtime = make_runtime(tiny_models["recurrent"], n_ctx=512, n_batch=16)
+    target = random_tokens(40, seed=5)
+    saved: list[Checkpoint] = []
+    runtime.prepare(target, save_at=[40], on_checkpoint=saved.append)
+    assert saved == []
+    runtime.prepare([*target, 7, 8, 9], marks=[40], save_at=[], on_checkpoint=saved.append)
+    assert [c.n_tokens for c in saved] == [40]  # flushed before the context moved on
+    assert saved[0].tokens == tuple(target)
