@@ -24,7 +24,7 @@ from PySide6.QtSvg import QSvgRenderer
 
 log = logging.getLogger(__name__)
 
-RESOURCES_DIR = Path(__file__).resolve().parent.parent / "resources"
+RESOURCES_DIR = Path(__file__).resolve().parents[2] / "resources"
 ICONS_DIR = RESOURCES_DIR / "icons"
 
 # Logical sizes the icons are pre-rendered at (menus, toolbars), each at these scales.

@@ -24,7 +24,7 @@ from engine.core.records import from_tree
 from engine.core.tree import Role, Tree
 from engine.files.regular import FormatError
 from engine.storage.checkpoints import Checkpoint, Identity
-from engine.storage.formats import native
+from engine.storage.formats import arbor_file as native
 from engine.storage.formats.arbor_file import SessionCheckpoint, read_session, write_session
 from engine.storage.store import Store
 from engine.storage.transfer import FileFormat, export_file, import_file
