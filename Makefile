@@ -34,6 +34,7 @@ test: $(STAMP)
 	QT_QPA_PLATFORM=offscreen $(PY) -m pytest
 	$(VENV)/bin/ruff check engine app tests
 	$(VENV)/bin/mypy engine app
+	$(VENV)/bin/lint-imports --no-cache
 
 # Linux bundles (folder, tar.gz, .deb) in build/, ending with the frozen program's self-test.
 installer: $(STAMP)
@@ -42,6 +43,7 @@ installer: $(STAMP)
 lint: $(STAMP)
 	$(VENV)/bin/ruff check engine app tests
 	$(VENV)/bin/mypy engine app
+	$(VENV)/bin/lint-imports --no-cache
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache

@@ -1,18 +1,21 @@
-"""Import contracts: the engine never imports Qt or the app (DESIGN.md: the arrow points one
-way), and only the llama.cpp layer loads llama.cpp."""
+"""Import contracts. The layers (pyproject.toml's `[tool.importlinter]`, checked by
+import-linter): a layer imports only the layers below it, the engine never imports Qt or the
+app, and only `engine.llm.llama` imports llama.cpp. What a static graph cannot see is checked
+here by importing: a module whose top-level imports do not reach `engine.llm.llama` must not
+load llama.cpp's native library (a lazy import that leaks would), and the window's process
+never loads it."""
 
 from __future__ import annotations
 
 import ast
 import os
-import pkgutil
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-import engine
-
 ROOT = Path(__file__).resolve().parents[1]
+LLAMA = "engine.llm.llama"
 
 
 def _python(code: str) -> subprocess.CompletedProcess[str]:
@@ -22,64 +25,81 @@ def _python(code: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_importing_every_engine_module_loads_no_qt_and_no_app() -> None:
-    modules = sorted(m.name for m in pkgutil.walk_packages(engine.__path__, "engine."))
-    assert "engine.llm.runtime" in modules and "engine.cli.main" in modules  # the walk found them
-    code = (
-        "import importlib, sys\n"
-        f"for name in {modules!r}:\n"
-        "    if name != 'engine.__main__':\n"
-        "        importlib.import_module(name)\n"
-        "roots = ('PySide6', 'shiboken6', 'app')\n"
-        "bad = sorted(m for m in sys.modules if m.split('.')[0] in roots)\n"
-        "print(','.join(bad))\n"
-    )
-    result = _python(code)
-    assert result.stdout.strip() == "", f"engine imported: {result.stdout.strip()}"
+def _lint_imports(*args: str) -> subprocess.CompletedProcess[str]:
+    program = shutil.which("lint-imports", path=str(Path(sys.executable).parent))
+    assert program is not None, "import-linter is not installed (pip install -e '.[test]')"
+    return subprocess.run([program, "--no-cache", *args], cwd=ROOT, capture_output=True,
+                          text=True, check=False)
 
 
-def test_the_check_would_notice_a_qt_import() -> None:
-    """Guard against a check that cannot fail: importing app does pull in PySide6."""
-    code = "import sys, app.state.engine_client; print('PySide6' in sys.modules)"
-    result = _python(code)
-    assert result.stdout.strip() == "True"
+def test_the_import_contracts_are_kept() -> None:
+    result = _lint_imports()
+    assert result.returncode == 0, result.stdout[-3000:]
+    assert "4 kept, 0 broken" in result.stdout
 
 
-# Modules that run a model: they may load llama.cpp's native library. Everything else in the
-# engine (settings, scenarios, the store, files, the command line's other commands) and the
-# app's value and widget modules must not: they are read where no model is loaded.
-NATIVE = {"engine.llm.llama", "engine.llm.runtime", "engine.llm.generator",
-          "engine.service.session", "engine.service.replay", "engine.bench.limits",
-          "engine.llm.kernels", "engine.llm.placement", "engine.service.handler"}
-NATIVE_FREE_APP = ["app.window.main_window", "app.state.controller", "app.state.replies",
-                   "app.state.engine_client", "app.look.theme", "app.look.icons",
-                   "app.dialogs.settings_dialog", "app.dialogs.model_picker", "app.look.actions",
-                   "app.window.sidebar", "app.chat.chat_model", "app.tree.tree_panel",
-                   "app.state.importer"]
+def test_a_broken_layer_contract_is_noticed(tmp_path: Path) -> None:
+    """The tool can fail: the same graph with the core put above the llama.cpp layer."""
+    config = tmp_path / "contracts.toml"
+    config.write_text('[tool.importlinter]\nroot_packages = ["engine"]\n'
+                      '[[tool.importlinter.contracts]]\nname = "upside down"\n'
+                      'type = "layers"\ncontainers = ["engine"]\nlayers = ["core", "llm"]\n')
+    result = _lint_imports("--config", str(config))
+    assert result.returncode != 0 and "upside down BROKEN" in result.stdout
 
 
-def test_only_the_llama_cpp_layer_imports_llama_cpp() -> None:
-    """The static half of the contract: no other module names it in an import."""
-    offenders = []
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _top_level_imports() -> dict[str, set[str]]:
+    """Each engine and app module's imports that run when it is imported: module level, not
+    inside a function or under TYPE_CHECKING."""
+    graph: dict[str, set[str]] = {}
     for path in sorted([*(ROOT / "engine").rglob("*.py"), *(ROOT / "app").rglob("*.py")]):
-        tree = ast.parse(path.read_text(encoding="utf-8"))
-        for node in ast.walk(tree):
-            names = (
-                [alias.name for alias in node.names] if isinstance(node, ast.Import)
-                else [node.module or ""] if isinstance(node, ast.ImportFrom) else []
-            )
-            if any(name.split(".")[0] == "llama_cpp" for name in names):
-                offenders.append(str(path.relative_to(ROOT)))
-    assert offenders == ["engine/llm/llama.py"]
+        name = _module_name(path)
+        found: set[str] = set()
+        body = list(ast.parse(path.read_text(encoding="utf-8")).body)
+        while body:
+            node = body.pop()
+            if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+                body.extend(node.orelse)
+            elif isinstance(node, ast.If | ast.Try):
+                body.extend([*node.body, *node.orelse, *getattr(node, "finalbody", [])])
+            elif isinstance(node, ast.Import):
+                found.update(alias.name for alias in node.names)
+            elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+                found.add(node.module)
+                found.update(f"{node.module}.{alias.name}" for alias in node.names)
+        graph[name] = found
+    return graph
+
+
+def _loads_llama(graph: dict[str, set[str]]) -> set[str]:
+    """The modules whose top-level imports reach `engine.llm.llama`, directly or not."""
+    reach = {LLAMA}
+    grew = True
+    while grew:
+        grew = False
+        for name, imports in graph.items():
+            if name not in reach and imports & reach:
+                reach.add(name)
+                grew = True
+    return reach
 
 
 def test_modules_that_run_no_model_do_not_load_the_native_library() -> None:
-    modules = sorted(m.name for m in pkgutil.walk_packages(engine.__path__, "engine."))
-    free = [m for m in modules if m not in NATIVE and m != "engine.__main__"]
-    assert {"engine.config.settings", "engine.service.scenario", "engine.cli.main"} <= set(free)
+    graph = _top_level_imports()
+    native = _loads_llama(graph)
+    free = sorted(set(graph) - native - {"engine.__main__"})
+    # What the window's process imports stays free; what runs a model does not.
+    assert {"app.window.main_window", "app.state.controller", "engine.core.conversation",
+            "engine.storage.store", "engine.config.settings", "engine.cli.main"} <= set(free)
+    assert {"engine.llm.runtime", "engine.service.handler"} <= native
     code = (
         "import importlib, sys\n"
-        f"for name in {[*free, *NATIVE_FREE_APP]!r}:\n"
+        f"for name in {free!r}:\n"
         "    importlib.import_module(name)\n"
         "    if 'llama_cpp' in sys.modules:\n"
         "        print(name)\n"
@@ -91,6 +111,23 @@ def test_modules_that_run_no_model_do_not_load_the_native_library() -> None:
     probe = "import sys, engine.llm.runtime; print('llama_cpp' in sys.modules)"
     result = _python(probe)
     assert result.stdout.strip() == "True"
+
+
+def test_importing_every_engine_module_loads_no_qt() -> None:
+    """The contract's dynamic half: no engine module pulls Qt in by any route."""
+    modules = sorted(name for name in _top_level_imports()
+                     if name.startswith("engine") and name != "engine.__main__")
+    code = (
+        "import importlib, sys\n"
+        f"for name in {modules!r}:\n"
+        "    importlib.import_module(name)\n"
+        "roots = ('PySide6', 'shiboken6', 'app')\n"
+        "print(','.join(sorted(m for m in sys.modules if m.split('.')[0] in roots)))\n"
+    )
+    result = _python(code)
+    assert result.stdout.strip() == "", f"engine imported: {result.stdout.strip()}"
+    probe = "import sys, app.state.engine_client; print('PySide6' in sys.modules)"
+    assert _python(probe).stdout.strip() == "True"  # the check would notice
 
 
 def test_the_window_answers_without_loading_llama_cpp_in_its_own_process(
