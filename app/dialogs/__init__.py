@@ -1,0 +1,1 @@
+"""Dialogs: settings, a conversation's settings, the model picker."""

@@ -1,0 +1,1 @@
+"""How the window looks and what it can do: theme, icons, accessibility and the action table."""

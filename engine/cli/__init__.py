@@ -1,0 +1,1 @@
+"""`arbor-engine`: the command line (main)."""
