@@ -1,5 +1,6 @@
-"""Import contracts: the engine never imports Qt or the app (DESIGN.md: the arrow points one
-way), and only the llama.cpp layer loads llama.cpp."""
+"""Import contracts: the engine never imports Qt or the app (the arrow points one way), and
+only the llama.cpp layer loads llama.cpp (docs/architecture.md, "The engine is Qt-free" and
+"Only engine/llm/llama.py imports llama_cpp")."""
 
 from __future__ import annotations
 
