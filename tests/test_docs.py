@@ -2,8 +2,8 @@
 
 Every relative link and image in README.md and docs/*.md names a file of the repository (and,
 with a #fragment, a heading of that page, by GitHub's anchor rule); every citation of a section
-of docs/architecture.md in the code names a heading of that page; and no code cites a design
-file that is not in the repository. No model, no window.
+of a docs page in the code (`docs/architecture.md, "Memory kinds"`) names a heading of that
+page; and no code cites a design file that is not in the repository. No model, no window.
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ CODE = ("engine", "app", "tests", "installer")
 
 _LINK = re.compile(r"!?\[(?:[^\]\[]|\[[^\]]*\])*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
 _FENCE = re.compile(r"^```.*?^```", re.MULTILINE | re.DOTALL)
-_CITATION = re.compile(r"docs/architecture\.md,\s*\"([^\"]+)\"")
+_CITATION = re.compile(r"docs/([\w-]+\.md),\s*\"([^\"]+)\"")
 
 
 def anchors(page: Path) -> set[str]:
@@ -81,18 +81,23 @@ def _code_files() -> list[Path]:
                   if f.suffix in (".py", ".sh", ".spec", ".ps1", ".iss") and f.is_file())
 
 
-def test_code_cites_sections_of_the_architecture_page_that_exist() -> None:
-    headings = {m.group(1).strip() for m in re.finditer(
-        r"^#{2,6}\s+(.+)$", (ROOT / "docs" / "architecture.md").read_text(encoding="utf-8"),
-        re.MULTILINE)}
-    cited: list[tuple[str, str]] = []
+def test_code_cites_sections_of_the_docs_that_exist() -> None:
+    """`(docs/architecture.md, "Memory kinds")` in a comment names a heading of that page."""
+    cited: list[tuple[str, str, str]] = []
     for file in _code_files():
         text = file.read_text(encoding="utf-8", errors="replace")
         text = re.sub(r"\n\s*#?\s*", " ", text)  # a citation may wrap, in a comment too
-        cited += [(file.name, m.group(1)) for m in _CITATION.finditer(text)]
+        cited += [(file.name, m.group(1), m.group(2)) for m in _CITATION.finditer(text)]
     assert len(cited) >= 8, cited  # the walk found them
-    missing = [c for c in cited if c[1] not in headings]
-    assert not missing, f"citations of sections docs/architecture.md does not have: {missing}"
+    missing = []
+    for name, page, section in cited:
+        path = ROOT / "docs" / page
+        titles = {m.group(1).strip() for m in re.finditer(
+            r"^#{1,6}\s+(.+)$", path.read_text(encoding="utf-8"), re.MULTILINE)
+        } if path.exists() else set()
+        if section not in titles:
+            missing.append(f"{name}: docs/{page}, {section!r}")
+    assert not missing, f"citations of sections the docs do not have: {missing}"
 
 
 def test_no_code_cites_a_design_file_outside_the_repository() -> None:
