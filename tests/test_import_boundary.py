@@ -3,7 +3,8 @@ import-linter): a layer imports only the layers below it, the engine never impor
 app, and only `engine.llm.llama` imports llama.cpp. What a static graph cannot see is checked
 here by importing: a module whose top-level imports do not reach `engine.llm.llama` must not
 load llama.cpp's native library (a lazy import that leaks would), and the window's process
-never loads it."""
+never loads it (docs/architecture.md, "The engine is Qt-free" and "Only
+engine/llm/llama.py imports llama_cpp")."""
 
 from __future__ import annotations
 

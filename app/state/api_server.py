@@ -232,7 +232,7 @@ class WindowEngine:
         pass  # the window restarts its engine and reloads the model
 
     def check(self) -> None:
-        pass  # the window's engine thread watches its engine
+        pass  # the window watches its own engine process (Replies restarts it)
 
     def close(self) -> None:
         pass

@@ -1,4 +1,4 @@
-"""Render the main window with sample conversations into PNGs for the README: a branching
+"""Render the main window with sample conversations into PNGs for the docs: a branching
 conversation in the light and the dark theme (main-window, main-window-dark) and a reply with
 highlighted code blocks (code-blocks), a reasoning model's replies, one with its reasoning
 folded and one unfolded (reasoning), and a conversation longer than its context, its oldest

@@ -24,6 +24,7 @@ from engine.bench.cases import NEW_TEXT, Case, Conversation, rotation
 from engine.bench.models import NAMES, BenchModel, ModelAbsent, Tokens, find
 from engine.bench.report import (
     Record,
+    Verdict,
     mark_same_text,
     plots,
     table,
@@ -31,6 +32,7 @@ from engine.bench.report import (
     targets_table,
     write_json,
 )
+from engine.bench.stats import Spread
 from engine.bench.systems import SETUP, Setup, System, run
 from engine.llm.cpu import logical_cores, physical_cores
 
@@ -146,8 +148,8 @@ def limits(models: list[BenchModel], *, n_threads: int, quick: bool) -> dict[str
     return out
 
 
-def limits_markdown(data: dict[str, Any]) -> str:
-    lines = ["### Checkpoints: save and restore against a plain copy", "",
+def limits_markdown(data: dict[str, Any], *, heading: str = "###") -> str:
+    lines = [f"{heading} Checkpoints: save and restore against a plain copy", "",
              "| model | tokens | bytes | capture | restore | copy of the same bytes | "
              "capture / full reply | prefill from scratch | restore + 64 tokens |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -161,7 +163,7 @@ def limits_markdown(data: dict[str, Any]) -> str:
     store = data.get("store")
     if store:
         final = store["final"] or {}
-        lines += ["", "### The checkpoint store over a long session", "",
+        lines += ["", f"{heading} The checkpoint store over a long session", "",
                   f"{store['model']}: {store['steps']} steps ({store['branches']} edits and "
                   "regenerates over a 6-turn conversation).", "",
                   "| | RAM tier | disk tier |", "|---|---|---|",
@@ -175,7 +177,7 @@ def limits_markdown(data: dict[str, Any]) -> str:
                   f"{final.get('restored')}, rejected {final.get('rejected')}; median tokens "
                   f"decoded per branching step {store['branch_decoded_median']}."]
     if data.get("threads"):
-        lines += ["", "### Threads", "", "| threads | neighbour | prompt tok/s | "
+        lines += ["", f"{heading} Threads", "", "| threads | neighbour | prompt tok/s | "
                   "generation tok/s |", "|---|---|---|---|"]
         for f in data["threads"]:
             lines.append(f"| {f['threads']} | {'one busy process' if f['busy'] else 'quiet'} | "
@@ -202,33 +204,50 @@ class Results:
         return [s.value for s in self.systems]
 
     def write(self, out: Path) -> None:
-        """results.json (every raw figure and the machine) and results.md."""
+        """results.json (every raw figure and the machine) and results.md, rendered from
+        what results.json holds (`results_markdown`)."""
         verdicts = targets(self.records,
                            speed_kinds={m.title: m.speed_target for m in self.models})
-        write_json(out / "results.json", {
+        data: dict[str, Any] = {
             "machine": machine(), "threads": self.threads, "lengths": self.lengths,
-            "rounds": self.rounds, "models": [asdict(m) for m in self.models],
+            "rounds": self.rounds, "systems": self.order,
+            "models": [asdict(m) for m in self.models],
             "absent": self.absent, "records": [asdict(r) for r in self.records],
             "targets": [asdict(v) for v in verdicts], "limits": self.limits,
-        })
-        longest = max(self.lengths)
-        done = sorted({r.round for r in self.records})
-        text = [f"# Arbor benchmark ({time.strftime('%Y-%m-%d')}, {self.threads} threads, "
-                f"{len(done)} of {self.rounds} round(s) measured, greedy)", ""]
-        if self.absent:
-            text += [f"- absent: {name}: {why}" for name, why in self.absent.items()] + [""]
-        if not self.records:
-            text += ["No comparison measured yet.", ""]
-        else:
-            text += [f"## At {longest} tokens", "", "Each cell: tokens decoded / median time to "
-                     "first token (range over the rounds) / ratio to the full reprocess of "
-                     "the same round.", "",
-                     table(self.records, self.order, TITLES, lengths=[longest]),
-                     "## Targets", "", targets_table(verdicts), "## Every length", "",
-                     table(self.records, self.order, TITLES)]
-        if self.limits is not None:
-            text += ["## Engine limits", "", limits_markdown(self.limits)]
-        (out / "results.md").write_text("\n".join(text), encoding="utf-8")
+        }
+        write_json(out / "results.json", data)
+        (out / "results.md").write_text(results_markdown(data), encoding="utf-8")
+
+
+def results_markdown(data: dict[str, Any], *, heading: str = "#") -> str:
+    """The Markdown report of a results.json's content: the comparison at the longest
+    length, the targets, every length, the engine's limits. The one renderer of results.md
+    and of docs/benchmark.md's tables (engine.bench.docs); `heading` is the top level's
+    marks ("##" nests the report one level down)."""
+    records = [Record(**r) for r in data["records"]]
+    verdicts = [Verdict(**{**v, "speedup": Spread(**v["speedup"]) if v["speedup"] else None})
+                for v in data["targets"]]
+    present = {r.system for r in records}
+    order = [s for s in data.get("systems") or [s.value for s in System] if s in present]
+    sub = heading + "#"
+    done = sorted({r.round for r in records})
+    text = [f"{heading} Arbor benchmark ({data['machine']['date'][:10]}, {data['threads']} "
+            f"threads, {len(done)} of {data['rounds']} round(s) measured, greedy)", ""]
+    if data["absent"]:
+        text += [f"- absent: {name}: {why}" for name, why in data["absent"].items()] + [""]
+    if not records:
+        text += ["No comparison measured yet.", ""]
+    else:
+        longest = max(data["lengths"])
+        text += [f"{sub} At {longest} tokens", "", "Each cell: tokens decoded / median time to "
+                 "first token (range over the rounds) / ratio to the full reprocess of "
+                 "the same round.", "",
+                 table(records, order, TITLES, lengths=[longest]),
+                 f"{sub} Targets", "", targets_table(verdicts), f"{sub} Every length", "",
+                 table(records, order, TITLES)]
+    if data["limits"] is not None:
+        text += [f"{sub} Engine limits", "", limits_markdown(data["limits"], heading=sub + "#")]
+    return "\n".join(text)
 
 
 def main(args: argparse.Namespace) -> int:

@@ -3,9 +3,8 @@
 `Conversation` wraps one tree. Each operation changes the tree and returns a `Change`: the
 nodes to persist, the ids deleted, and, where the model must answer, a `ReplyJob` saying what
 to answer. Running the job (prepare, generate, finish) is the engine's business
-(`engine.service.session.Session` on one thread; the window hands it to its engine thread). Undo of
-a
-deleted branch lives here too, so every front end undoes the same way.
+(`engine.service.session.Session` on one thread; the window sends it to its engine process).
+Undo of a deleted branch lives here too, so every front end undoes the same way.
 """
 
 from __future__ import annotations
@@ -114,7 +113,7 @@ class Conversation:
 
     def set_system(self, text: str) -> Change:
         """The conversation's system prompt. The root is rendered again for the next reply;
-        later messages keep their tokens (DESIGN.md, "Tokens belong to nodes")."""
+        later messages keep their tokens (docs/architecture.md, "Tokens belong to nodes")."""
         root = self.tree.root
         if root.text == text:
             return Change()

@@ -6,7 +6,8 @@ from enum import StrEnum
 
 
 class MemoryKind(StrEnum):
-    """How the model's cache behaves when a conversation goes back (see DESIGN.md)."""
+    """How the model's cache behaves when a conversation goes back (docs/architecture.md,
+    "Memory kinds")."""
 
     DENSE = "dense"
     SLIDING_WINDOW = "sliding_window"

@@ -1,9 +1,9 @@
 """Turning a path of the tree into tokens, node by node, with the model's own chat template.
 
-Each node keeps the tokens it was first rendered to (DESIGN.md, "Tokens belong to nodes"): a
-node's slice is what the template adds when that node is appended to its ancestors. A path's
-tokens are its nodes' tokens plus the generation prompt, so a path's prefix never changes when
-the conversation grows, whatever the template does to earlier turns.
+Each node keeps the tokens it was first rendered to (docs/architecture.md, "Tokens belong to
+nodes"): a node's slice is what the template adds when that node is appended to its ancestors. A
+path's tokens are its nodes' tokens plus the generation prompt, so a path's prefix never changes
+when the conversation grows, whatever the template does to earlier turns.
 
 A reply is the one node a template may render differently once the conversation goes on
 (Qwen3's drops the reasoning of every reply before the last user message). Its tokens are fixed

@@ -6,7 +6,7 @@ PyPI has none), llama.cpp still knows the format of many architectures by name
 model of another family answers in its own broken way. The user can pick any template by
 name for a model file; Arbor remembers it per file (`Settings.templates`). A template changes
 only how nodes that have no tokens yet are rendered: the stored tokens of earlier nodes stay
-as they were (DESIGN.md, "Tokens belong to nodes").
+as they were (docs/architecture.md, "Tokens belong to nodes").
 
 This module decides; rendering lives in `engine.core.prompt` and the names come from
 `engine.llm.llama.builtin_template_names`.

@@ -2,7 +2,8 @@
 os.replace, fsync of the folder; a folder made on the way is synced into its parent too.
 
 A crash or a full disk leaves either the old file or the new one, never a half-written one
-(LESSONS.md: GPT4All lost chats to 0-byte files written in place). Every file Arbor writes
+(GPT4All lost chats to 0-byte files written in place; docs/architecture.md, "Files are
+written atomically"). Every file Arbor writes
 goes through here: settings, session files, exports, checkpoints, the model-hash cache and
 the installation key.
 """

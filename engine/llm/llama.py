@@ -1,7 +1,9 @@
 """A thin, typed layer over llama.cpp's C API (through llama-cpp-python's ctypes bindings).
 
 Arbor talks to the low-level API directly: the high-level `Llama` class hides the memory
-calls and state blobs that checkpoints need, and its cache logic trusts `seq_rm` (LESSONS.md).
+calls and state blobs that checkpoints need, and its cache logic trusts `seq_rm`, which reports
+success on a sliding-window cache it emptied (docs/architecture.md, "llama.cpp facts the code
+relies on").
 Everything here must be called from one thread: the one that owns the runtime.
 """
 

@@ -73,7 +73,8 @@ def place(model: Path, settings: RuntimeSettings, repack: bool | None = None) ->
         if n_gpu_layers in (0, GPU_LAYERS_FIT):
             n_gpu_layers, fitting = -1, False  # the workers are there to take the layers
         if context.flash_attn is not FlashAttention.ON:
-            # Without it a state save over RPC is one round trip per cell (LESSONS.md).
+            # Without it a state save over RPC is thousands of round trips, with it about
+            # 60 (docs/architecture.md, "llama.cpp facts the code relies on").
             context = replace(context, flash_attn=FlashAttention.ON)
             notices.append("flash attention is on: RPC workers need it")
     gpu = gpu_backend_name() if n_gpu_layers != 0 and supports_gpu_offload() else None

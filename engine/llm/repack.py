@@ -43,8 +43,8 @@ log = logging.getLogger(__name__)
 
 # What turning repacking off cost, measured with `arbor-engine kernels --rounds 5` on
 # SmolLM2-135M Q4_1 and Gemma 3 270M Q4_K_M (2 cores, AVX-512, the zen4 library): prompts
-# 0-13% faster without it, generation within 10% (README, "CPUs and GPUs"). Not measured on
-# an AMX CPU, where the kernels that crash are the fast ones.
+# 0-13% faster without it, generation within 10% (docs/guide.md, "What repacking off
+# costs"). Not measured on an AMX CPU, where the kernels that crash are the fast ones.
 REPACK_OFF_COST = "measured on an AVX-512 CPU: as fast, within 10%"
 CRASHED = "llama.cpp's optimized kernels crashed on this CPU; running without them"
 CRASHED_NOW = "llama.cpp's optimized kernels crashed on this CPU; it runs without them from now on"

@@ -1,7 +1,7 @@
 """One reply, start to finish: prepare the prompt, generate, finish the reply's tokens.
 
 Every front end runs a reply through `run_reply`: `Session` on its own thread (the command
-line, the tests), the engine service on the engine's thread or process (the window). It reads
+line, the tests), the engine service in the engine process (the window, `serve`). It reads
 a path of nodes and returns plain values (`ReplyResult`, with its `ReplyReport`); applying them
 to a tree is the conversation core's business (`Conversation.finish_reply`).
 

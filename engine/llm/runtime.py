@@ -1,12 +1,12 @@
 """The one llama.cpp context: prepare a prompt with the least decoding, then generate.
 
 `Runtime.prepare(target, marks=...)` brings the context to hold exactly `target`, reusing what
-the live cache or a checkpoint holds where that is valid for the model's memory kind (DESIGN.md,
-"Preparing a prompt"), and decoding the rest in the chunks of the target's decode schedule
-(`engine.core.schedule`): the same chunks whatever was reused, so the result never depends on what
-the cache did. `Runtime.generate()` then samples token by token. Both honour a cancel check:
-between chunks, inside a chunk (llama.cpp's abort callback) and between tokens, and both leave
-`live_tokens` equal to what the cache really holds.
+the live cache or a checkpoint holds where that is valid for the model's memory kind
+(docs/architecture.md, "Preparing a prompt"), and decoding the rest in the chunks of the
+target's decode schedule (`engine.core.schedule`): the same chunks whatever was reused, so the
+result never depends on what the cache did. `Runtime.generate()` then samples token by token.
+Both honour a cancel check: between chunks, inside a chunk (llama.cpp's abort callback) and
+between tokens, and both leave `live_tokens` equal to what the cache really holds.
 """
 
 from __future__ import annotations

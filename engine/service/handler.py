@@ -1,11 +1,11 @@
 """The engine service: the one owner of llama.cpp, taking requests and reporting events.
 
 `EngineService.handle(request)` runs one request (`engine.service.protocol`) to the end on the
-calling
-thread and reports through `emit`. A front end runs it on one thread (the window's engine
-thread) or in a process of its own; either way nothing else touches the runtime. Stop and
-pre-emption come through a `Control`, which the engine checks between chunks, inside a chunk
-(llama.cpp's abort callback) and between tokens.
+calling thread and reports through `emit`. The window's engine runs it in a process of its own
+(`engine.service.process`); tests and the benchmark's baseline may run it on a thread of the
+window's process. Either way nothing else touches the runtime. Stop and pre-emption come
+through a `Control`, which the engine checks between chunks, inside a chunk (llama.cpp's abort
+callback) and between tokens.
 
 Warm-ups (preparing the likely next prompt while the user reads) are pre-empted by any real
 request: the front end bumps the control's epoch before sending one, and a warm-up whose epoch

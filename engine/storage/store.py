@@ -140,7 +140,7 @@ class SearchHit:
 
 class Store:
     """One SQLite database of conversations. Not shared between threads: the GUI thread
-    owns it (the engine thread never writes conversations)."""
+    owns it (the engine, in its own process, never writes conversations)."""
 
     def __init__(self, path: Path | None = None, *, recover: bool = True) -> None:
         """Open (and create or migrate) the database. `recover` marks replies left streaming
