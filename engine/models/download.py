@@ -231,6 +231,7 @@ class _Transfer:
         self.offset = 0
         self.etag: str | None = None
         self.synced = 0
+        self.unsynced_from: int | None = None  # where the part's unsynced bytes begin
         self.resumed_from = 0
         self.fetched = 0
         self.retries = 0
@@ -241,6 +242,14 @@ class _Transfer:
     def run(self) -> Downloaded:
         self._adopt_part()
         self._check_disk(before=True)
+        while True:
+            self._fetch_rest()
+            done = self._finish()
+            if done is not None:
+                return done
+
+    def _fetch_rest(self) -> None:
+        """Fetch from the offset to the end, through dropped connections and retries."""
         fruitless = 0
         while self.remote.size is None or self.offset < self.remote.size:
             if self.cancel.is_set():
@@ -273,7 +282,6 @@ class _Transfer:
                          pause)
                 if pause and self.cancel.wait(pause):
                     continue  # cancelled during the pause: said at the loop's top
-        return self._finish()
 
     def _adopt_part(self) -> None:
         """Continue the part if its sidecar describes this file; else start afresh."""
@@ -287,6 +295,8 @@ class _Transfer:
             self.etag = side.etag
             self.synced = min(side.synced, size)
             self.resumed_from = size
+            if size > self.synced:  # written after the last fsync: kept unless it hashes wrong
+                self.unsynced_from = self.synced
             self._hash_existing(size)
             log.info("resuming %s from %d bytes", self.remote.name, size)
         else:
@@ -308,9 +318,16 @@ class _Transfer:
 
     def _restart(self, why: str) -> None:
         log.warning("%s: downloading %s from the start", why, self.remote.name)
-        os.ftruncate(self.fd, 0)
+        self._rewind(0)
+        self.resumed_from = 0
+
+    def _rewind(self, offset: int) -> None:
+        """Drop the part's bytes after `offset` and hash the ones before again."""
+        os.ftruncate(self.fd, offset)
         self.hash = hashlib.sha256()
-        self.offset = self.synced = self.resumed_from = 0
+        self._hash_existing(offset)
+        self.offset = self.synced = offset
+        self.unsynced_from = None
 
     def _attempt(self) -> bool:
         """One request from the current offset; True when it reached the file's end."""
@@ -425,12 +442,23 @@ class _Transfer:
                 "etag": self.etag, "synced": self.synced}
         write_atomic(self.sidecar, json.dumps(data, indent=1).encode("utf-8"))
 
-    def _finish(self) -> Downloaded:
+    def _finish(self) -> Downloaded | None:
+        """The verified file in place; None when the part's unsynced tail must be fetched
+        again; ChecksumMismatchError (the part deleted) when the bytes are wrong."""
         digest = self.hash.hexdigest()
         size = self.offset
         os.fsync(self.fd)
         bad_size = self.remote.size is not None and size != self.remote.size
         if bad_size or (self.remote.sha256 is not None and digest != self.remote.sha256):
+            if self.unsynced_from is not None:
+                # A machine that stopped (power, a crash) may have kept the part's size but
+                # not the bytes written after the last fsync: fetch those again before
+                # calling the whole file damaged.
+                log.warning("%s does not verify; fetching again the bytes after %d, written "
+                            "after the last sync before the download stopped",
+                            self.remote.name, self.unsynced_from)
+                self._rewind(self.unsynced_from)
+                return None
             self.part.unlink(missing_ok=True)
             self.sidecar.unlink(missing_ok=True)
             what = (f"{size} bytes, not {self.remote.size}" if bad_size else

@@ -184,6 +184,30 @@ def test_cancel_keeps_the_part_and_resume_finishes_it(
     assert done.path.read_bytes() == model_bytes
 
 
+def test_a_tail_lost_in_a_crash_is_fetched_again_not_the_whole_file(
+        fake_hub: FakeHub, models_dir: Path, model_bytes: bytes) -> None:
+    """A machine that stopped may keep a part's size but not its bytes written after the
+    last fsync (the sidecar's `synced`): those are fetched again; the rest is kept."""
+    hub, remote = _remote(fake_hub)
+    cancel = threading.Event()
+
+    def stop(p: Progress) -> None:
+        if p.done >= 2 << 20:
+            cancel.set()
+
+    with pytest.raises(HubCancelledError):
+        Downloader(models_dir, hub).download(remote, progress=stop, cancel=cancel)
+    part = part_path(models_dir / NAME)
+    synced = json.loads(sidecar_path(models_dir / NAME).read_text())["synced"]
+    assert synced == part.stat().st_size >= 2 << 20
+    with part.open("ab") as f:  # the size survived, the data did not: zeros
+        f.write(bytes(1 << 20))
+    done = Downloader(models_dir, hub).download(remote)
+    assert done.path.read_bytes() == model_bytes
+    ranges = [r.range for r in fake_hub.cdn_requests()]
+    assert ranges[-2:] == [f"bytes={synced + (1 << 20)}-", f"bytes={synced}-"]
+
+
 def test_a_corrupted_byte_is_refused_and_the_part_removed(
         fake_hub: FakeHub, models_dir: Path) -> None:
     fake_hub.corrupt_at = 123_457
