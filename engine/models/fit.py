@@ -222,7 +222,7 @@ def check_fit(shape: Shape, weights: int, n_ctx: int, *, free_ram: int,
     return verdict(Verdict.SMALLER_CONTEXT, ctx, need_at(ctx))
 
 
-def free_ram() -> int:
+def available_ram() -> int:
     """The memory the system can give a new program now (Linux: MemAvailable), else the
     free physical pages; 0 when neither is known."""
     try:

@@ -38,6 +38,7 @@ from engine.models.download import (
     sidecar_path,
 )
 from engine.models.hub import HubClient
+from engine.models.queue import DownloadQueue, JobEvent, JobState
 from engine.models.remote import (
     Hub,
     HubAccessError,
@@ -334,6 +335,45 @@ def test_two_downloads_run_at_once_and_a_split_model_brings_every_part(
     assert (models_dir / parts[0].name).read_bytes() == model_bytes[:half]
     assert (models_dir / parts[1].name).read_bytes() == model_bytes[half:]
     assert (models_dir / single.name).read_bytes() == tiny_models["recurrent"].read_bytes()
+
+
+def test_a_queue_runs_jobs_side_by_side_reports_them_and_cancels_one(
+        fake_hub: FakeHub, models_dir: Path, model_bytes: bytes) -> None:
+    fake_hub.hold_at = 1 << 20
+    fake_hub.hold_count = 2
+    client = HubClient(Hub(fake_hub.url))
+    details = client.details(REPO)
+    single = client.remote_files(details, details.group("F32"))
+    split = client.remote_files(details, details.group("Q8_0"))
+    events: list[JobEvent] = []
+    finished: dict[int, JobEvent] = {}
+    both_final = threading.Event()
+
+    def on_event(event: JobEvent) -> None:  # on the queue's threads, as a signal would be
+        events.append(event)
+        if event.state.final:
+            finished[event.job] = event
+            if len(finished) == 2:
+                both_final.set()
+
+    queue = DownloadQueue(Downloader(models_dir, client.hub), on_event, parallel=2)
+    first = queue.add(f"{REPO}:F32", single)
+    second = queue.add(f"{REPO}:Q8_0", split)
+    fake_hub.held.wait()  # both jobs are mid-file at once
+    queue.cancel(first)
+    fake_hub.hold_at = None
+    fake_hub.release.set()
+    both_final.wait()
+    queue.close()
+
+    assert finished[first].state is JobState.CANCELLED
+    assert finished[second].state is JobState.DONE
+    assert [d.path.name for d in finished[second].files] == [r.name for r in split]
+    states = [e.state for e in events if e.job == second]
+    assert states[0] is JobState.QUEUED and states[-1] is JobState.DONE
+    shown = [e.progress for e in events if e.job == second and e.progress is not None]
+    assert shown and shown[-1].done == shown[-1].total == split[-1].size
+    assert [p.target.name for p in list_partial(models_dir)] == [NAME]  # kept to resume
 
 
 def test_no_network_says_so_and_keeps_the_part(models_dir: Path) -> None:

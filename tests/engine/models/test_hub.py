@@ -13,7 +13,7 @@ import pytest
 
 from engine.core.memory import MemoryKind
 from engine.models.files import read_model_info, wanted_header_key
-from engine.models.fit import MIN_CONTEXT, Verdict, check_fit, shape_of
+from engine.models.fit import MIN_CONTEXT, Verdict, available_ram, check_fit, shape_of
 from engine.models.gguf_header import read_gguf_header
 from engine.models.hub import HubClient, SortOrder, fit_of, parse_model_spec
 from engine.models.quants import RepoFile, group_files, parse_gguf_name, pick_group
@@ -152,6 +152,7 @@ def test_fit_from_a_remote_header_fits_shrinks_the_context_or_refuses(
     on_gpu = fit_of(header, weights, 8192, free_ram=1 << 30, free_vram=64 << 30,
                     checkpoint_budget=256 << 20)
     assert on_gpu.verdict is Verdict.FITS and on_gpu.all_on_gpu
+    assert available_ram() > 0  # what the window passes as free_ram
 
 
 def test_fit_counts_a_cache_per_memory_kind(fake_hub: FakeHub) -> None:
