@@ -185,6 +185,12 @@ class Downloader:
         if done is not None:
             return done
         with _locked(part_path(target)) as fd:
+            if target.exists():  # finished by another download while this one waited
+                part_path(target).unlink(missing_ok=True)
+                sidecar_path(target).unlink(missing_ok=True)
+                done = self._already_there(target, remote)
+                assert done is not None
+                return done
             return _Transfer(self, remote, target, fd, progress, cancel).run()
 
     def download_all(self, remotes: list[RemoteFile], *,
@@ -415,7 +421,8 @@ class _Transfer:
             return
         need = self.remote.size - self.offset
         free = _free_bytes(self.owner.models_dir)
-        if free - need < DISK_RESERVE if before else free < DISK_RESERVE:
+        short = (free - need < DISK_RESERVE) if before else (free < DISK_RESERVE)
+        if short:
             self._keep("disk full")
             raise DiskFullError(self._disk_full_message(need if before else None))
 

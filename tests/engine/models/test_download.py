@@ -104,6 +104,11 @@ def test_a_download_lands_verified_and_its_hash_is_cached(
     files._hash_cache.clear()
     monkeypatch.setattr(files.hashlib, "sha256", _no_hashing)
     assert files.file_sha256(done.path) == done.sha256
+    # Pulling it again finds it there: no request, no part.
+    asked = len(fake_hub.cdn_requests())
+    again = Downloader(models_dir, hub).download(remote)
+    assert (again.path, again.fetched, again.sha256) == (done.path, 0, done.sha256)
+    assert len(fake_hub.cdn_requests()) == asked and list_partial(models_dir) == []
 
 
 def _no_hashing(*args: object) -> object:
