@@ -55,7 +55,7 @@ def pull(args: argparse.Namespace) -> int:
     details = client.details(repo)
     group = details.group(quant)
     remotes = client.remote_files(details, group)
-    size = f"{group.size / (1 << 20):.1f} MiB" if group.size else "size unknown"
+    size = _size(group.size) if group.size is not None else "size unknown"
     parts = f" in {len(remotes)} parts" if len(remotes) > 1 else ""
     sys.stderr.write(f"pulling {details.repo}:{group.quant} ({size}{parts})\n")
     downloader = Downloader(data_dirs().models, hub)
@@ -87,3 +87,11 @@ class _Reporter:
         left = f", {int(p.seconds_left)} s left" if p.seconds_left is not None else ""
         sys.stderr.write(f"{printable(p.name)}: {p.done / (1 << 20):.1f}{of} MiB{pct}"
                          f"{speed}{left}\n")
+
+
+def _size(n: int) -> str:
+    if n < 1 << 20:
+        return f"{n / 1024:.1f} KiB"
+    if n < 1 << 30:
+        return f"{n / (1 << 20):.1f} MiB"
+    return f"{n / (1 << 30):.2f} GiB"

@@ -404,6 +404,10 @@ def test_the_cli_names_a_bad_model_in_one_line(fake_hub: FakeHub) -> None:
                                 env=env, capture_output=True, text=True)
         assert result.returncode == 2, result.stderr
         assert result.stderr.count("\n") == 1 and message in result.stderr, result.stderr
+    gated = subprocess.run([sys.executable, "-m", "engine", "pull", "arbor-test/gated-GGUF"],
+                           cwd=ROOT, env=env, capture_output=True, text=True)
+    assert gated.returncode == 1, gated.stderr
+    assert "needs an access token" in gated.stderr.splitlines()[-1]
     found = subprocess.run([sys.executable, "-m", "engine", "search", "tiny"], cwd=ROOT,
                            env=env, capture_output=True, text=True)
     assert found.returncode == 0, found.stderr
