@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import NoReturn
 
 from engine.bench.main import add_arguments as add_bench_arguments
+from engine.cli import hub as hub_cli
 from engine.config.endpoints import RpcError, parse_endpoints
 from engine.config.params import CacheMode, CheckpointOptions
 from engine.core.errors import ArborError, ModelLoadError, ModelNotFoundError, printable
@@ -27,6 +28,7 @@ from engine.files.paths import data_dirs
 from engine.files.regular import FormatError
 from engine.llm.rpc import run_worker, unreachable
 from engine.models.files import list_models, read_model_info, resolve_model
+from engine.models.remote import BadRepoNameError, HubNotFoundError
 from engine.service.client import EngineCrashed, engine_log
 from engine.service.scenario import ScenarioError, load_scenario
 from engine.storage.store import Store, StoreOpenError
@@ -144,6 +146,12 @@ def build_parser() -> argparse.ArgumentParser:
     rw.add_argument("--port", type=int, default=50052)
     rw.add_argument("--threads", type=int, default=0, help="0: llama.cpp's default")
 
+    se = sub.add_parser("search", help="find GGUF models on Hugging Face")
+    hub_cli.add_search_arguments(se)
+    pu = sub.add_parser("pull", help="download a model from Hugging Face into the models "
+                                     "folder (resumes when run again)")
+    hub_cli.add_pull_arguments(pu)
+
     im = sub.add_parser("import", help="add conversations from a session file or export")
     im.add_argument("file", type=Path)
     im.add_argument("--db", type=Path, help="the conversation database (default: the user's)")
@@ -157,7 +165,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return _run(args)
     except (ScenarioError, ModelNotFoundError, ModelLoadError, FormatError, StoreOpenError,
-            UsageError, OSError) as exc:
+            UsageError, OSError, BadRepoNameError, HubNotFoundError) as exc:
         return _fail(exc, EXIT_BAD_INPUT)
     except ArborError as exc:
         return _fail(exc, EXIT_FAILED)
@@ -235,6 +243,12 @@ def _run(args: argparse.Namespace) -> int:
             sys.stdout.write(f"dropped {result.checkpoints_dropped} checkpoints made "
                              f"elsewhere (the engine will reprocess)\n")
         return EXIT_OK
+    if args.command == "search":
+        if not 1 <= args.limit <= 100:
+            raise UsageError(f"--limit must be 1..100, not {args.limit}")
+        return hub_cli.search(args)
+    if args.command == "pull":
+        return hub_cli.pull(args)
     if args.command == "models":
         for path in list_models(data_dirs()):
             sys.stdout.write(f"{printable(path, limit=4096)}\n")

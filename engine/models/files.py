@@ -20,7 +20,7 @@ from engine.core.errors import ModelLoadError, ModelNotFoundError
 from engine.core.memory import MemoryKind
 from engine.files.atomic import write_atomic
 from engine.files.paths import DataDirs, data_dirs
-from engine.models.gguf_header import GGUFHeaderError, NotGGUFError, read_gguf_header
+from engine.models.gguf_header import GGUFHeaderError, NotGGUFError, Value, read_gguf_header
 
 log = logging.getLogger(__name__)
 
@@ -96,13 +96,41 @@ def read_model_info(path: Path) -> ModelInfo:
     if not path.is_file():
         raise ModelNotFoundError(f"model file not found: {path}")
     try:
-        fields = read_gguf_header(path, _wanted_key)
+        fields = read_gguf_header(path, wanted_header_key)
     except OSError as exc:
         raise ModelNotFoundError(f"cannot read model file {path}: {exc.strerror}") from exc
     except NotGGUFError as exc:
         raise ModelLoadError(f"{path.name} is not a GGUF model file") from exc
     except GGUFHeaderError as exc:
         raise ModelLoadError(f"{path.name} is damaged or not a valid GGUF file ({exc})") from exc
+    summary = summarize_header(fields, path.stem)
+    return ModelInfo(
+        path=path,
+        name=summary.name,
+        architecture=summary.architecture,
+        size_bytes=path.stat().st_size,
+        context_length=summary.context_length,
+        sliding_window=summary.sliding_window,
+        memory_kind=summary.memory_kind,
+        chat_template=summary.chat_template,
+    )
+
+
+@dataclass(frozen=True)
+class HeaderSummary:
+    """What the picker shows from a GGUF header, wherever the header was read from (a local
+    file, or a remote one over HTTP ranges: engine.models.remote_header)."""
+
+    name: str
+    architecture: str
+    context_length: int | None
+    sliding_window: int | None
+    memory_kind: MemoryKind  # from the header; the runtime confirms it with llama.cpp
+    chat_template: str | None
+
+
+def summarize_header(fields: dict[str, Value], fallback_name: str) -> HeaderSummary:
+    """The picker's facts from header fields read with `wanted_header_key`."""
     arch = str(fields.get("general.architecture", "unknown"))
     swa = _as_int(fields.get(f"{arch}.attention.sliding_window"))
     if arch in _HYBRID_ARCHS:
@@ -114,11 +142,9 @@ def read_model_info(path: Path) -> ModelInfo:
     else:
         kind = MemoryKind.DENSE
     template = fields.get("tokenizer.chat_template")
-    return ModelInfo(
-        path=path,
-        name=str(fields.get("general.name") or path.stem),
+    return HeaderSummary(
+        name=str(fields.get("general.name") or fallback_name),
         architecture=arch,
-        size_bytes=path.stat().st_size,
         context_length=_as_int(fields.get(f"{arch}.context_length")),
         sliding_window=swa,
         memory_kind=kind,
@@ -156,6 +182,20 @@ def file_sha256(path: Path, cache_dir: Path | None = None) -> str:
     return value
 
 
+def remember_sha256(path: Path, digest: str, cache_dir: Path | None = None) -> None:
+    """Record a sha256 computed elsewhere (a download hashes while it writes) under the same
+    (path, size, mtime) key `file_sha256` looks up, so loading the file does not hash it
+    again."""
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    store = (cache_dir or data_dirs().cache) / _HASH_FILE
+    with _hash_lock:
+        _hash_cache[key] = digest
+        known = _read_hashes(store)
+        known[f"{key[0]}|{key[1]}|{key[2]}"] = digest
+        _write_hashes(store, known)
+
+
 def _read_hashes(store: Path) -> dict[str, object]:
     try:
         data = json.loads(store.read_text(encoding="utf-8"))
@@ -172,7 +212,8 @@ def _write_hashes(store: Path, known: dict[str, object]) -> None:
         log.info("cannot remember the model hash: %s", exc)
 
 
-def _wanted_key(key: str) -> bool:
+def wanted_header_key(key: str) -> bool:
+    """The keys the picker reads: all but the tokenizer's, and its chat template."""
     return not key.startswith("tokenizer.") or key == "tokenizer.chat_template"
 
 

@@ -61,23 +61,32 @@ def read_gguf_header(path: Path, want: Callable[[str], bool]) -> dict[str, Value
     are values too long to keep). OSError if the file is not a readable regular
     file, GGUFHeaderError if its header is not a sound GGUF header."""
     with open_regular(path) as f:
-        reader = _Reader(f, os.fstat(f.fileno()).st_size)
-        if reader.read(4) != MAGIC:
-            raise NotGGUFError("not a GGUF file")
-        version = reader.unpack("<I")
-        if version not in (2, 3):
-            raise GGUFHeaderError(f"unsupported GGUF version {version}")
-        reader.unpack("<Q")  # tensor count
-        n_kv = reader.unpack("<Q")
-        if n_kv > MAX_KEYS:
-            raise GGUFHeaderError(f"implausible key count {n_kv}")
-        out: dict[str, Value] = {}
-        for _ in range(n_kv):
-            key = reader.string(_MAX_KEY)
-            value = reader.value(reader.unpack("<I"), keep=want(key))
-            if value is not None:
-                out[key] = value
-        return out
+        return read_gguf_header_from(f, os.fstat(f.fileno()).st_size, want)
+
+
+def read_gguf_header_from(
+    f: BinaryIO, size: int, want: Callable[[str], bool]
+) -> dict[str, Value]:
+    """`read_gguf_header` over an open file object of `size` bytes, positioned at 0: a local
+    file, or a file read over HTTP range requests (engine.models.remote_header), with the
+    same bounds."""
+    reader = _Reader(f, size)
+    if reader.read(4) != MAGIC:
+        raise NotGGUFError("not a GGUF file")
+    version = reader.unpack("<I")
+    if version not in (2, 3):
+        raise GGUFHeaderError(f"unsupported GGUF version {version}")
+    reader.unpack("<Q")  # tensor count
+    n_kv = reader.unpack("<Q")
+    if n_kv > MAX_KEYS:
+        raise GGUFHeaderError(f"implausible key count {n_kv}")
+    out: dict[str, Value] = {}
+    for _ in range(n_kv):
+        key = reader.string(_MAX_KEY)
+        value = reader.value(reader.unpack("<I"), keep=want(key))
+        if value is not None:
+            out[key] = value
+    return out
 
 
 class _Reader:
