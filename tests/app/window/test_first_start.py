@@ -64,6 +64,7 @@ def test_logs_go_to_a_rotating_file_and_native_crashes_next_to_it(tmp_path: Path
     assert "Fatal Python error: Aborted" in (logs / "crash.log").read_text()
 
 
+@pytest.mark.engine_process
 def test_the_engine_process_writes_its_stderr_to_its_log_file(tmp_path: Path) -> None:
     log = tmp_path / "engine.log"
     engine = EngineProcess(log_file=log)
@@ -84,6 +85,12 @@ def test_help_opens_the_log_folder(qtbot: QtBot, window: MainWindow,
     assert [url.toLocalFile() for url in opened] == [str(_arbor_home / "logs")]
 
 
+# The self-test is the app itself (a window, its engine process, the bundled model), in a
+# child process: no fixture says so.
+@pytest.mark.model
+@pytest.mark.window
+@pytest.mark.engine_process
+@pytest.mark.slow
 def test_the_self_test_passes_on_the_bundled_model(tmp_path: Path) -> None:
     env = {**os.environ, "QT_QPA_PLATFORM": "offscreen", "ARBOR_HOME": str(tmp_path)}
     done = subprocess.run([sys.executable, "-m", "app.window.main", "--self-test"], cwd=ROOT,
