@@ -35,10 +35,10 @@ test: $(STAMP)
 	$(VENV)/bin/ruff check engine app tests
 	$(VENV)/bin/mypy engine app
 
-# The loop while working: every test that needs no model, no window and no minutes (the
-# markers tests/conftest.py gives each test from its fixtures), in under a minute.
+# The loop while working, under a minute: every test that needs no model, no window, no
+# engine process and no minutes (the markers tests/conftest.py gives each test).
 test-fast: $(STAMP)
-	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q -m "not model and not window and not slow"
+	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q -m "not model and not window and not engine_process and not slow"
 
 # Linux bundles (folder, tar.gz, .deb) in build/, ending with the frozen program's self-test.
 installer: $(STAMP)

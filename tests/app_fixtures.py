@@ -171,9 +171,12 @@ def thread_window(
 
 
 @pytest.fixture
-def offline_window(qtbot: QtBot, tmp_path: Path) -> Iterator[Callable[[Tree], MainWindow]]:
+def offline_window(
+    qtbot: QtBot, tmp_path: Path, fake_engine: Script, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Callable[[Tree], MainWindow]]:
     """Opens the window on a store holding `tree` (its newest conversation), with no model:
-    for what the window does without the engine (showing, switching, copying)."""
+    for what the window does without the engine (showing, switching, copying). Its engine is
+    the fake one, idle: no engine process starts."""
     from app.window.main_window import MainWindow
     from engine.storage.store import Store
 
@@ -182,7 +185,8 @@ def offline_window(qtbot: QtBot, tmp_path: Path) -> Iterator[Callable[[Tree], Ma
     def open_on(tree: Tree) -> MainWindow:
         store = Store(tmp_path / f"offline-{len(opened)}.db")
         store.create(tree, title="Offline")
-        win = MainWindow(store=store, settings=TEST_SETTINGS)
+        win = MainWindow(store=store, settings=TEST_SETTINGS,
+                         engine=in_process_client(monkeypatch, fake_engine))
         qtbot.addWidget(win)
         win.resize(1100, 760)
         win.show()

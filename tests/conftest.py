@@ -42,12 +42,13 @@ MARKER_FIXTURES: dict[str, frozenset[str]] = {
     # A Qt application with widgets: anything through pytest-qt.
     "window": frozenset({"qtbot", "qapp", "qtmodeltester"}),
     # Starts an engine process (the window's default engine is one, model or not).
-    "engine_process": frozenset({"window", "smol_window", "offline_window"}),
+    "engine_process": frozenset({"window", "smol_window"}),
     # Minutes rather than seconds: the real models' windows and quantized writers.
     "slow": frozenset({"gemma_path", "smol_window", "quantized_models"}),
 }
-# The markers `make test-fast` leaves out: everything else runs in under a minute.
-FAST_EXCLUDES = ("model", "window", "slow")
+# The markers `make test-fast` leaves out: what is left is plain Python (no model, no Qt
+# application, no child engine process waiting on its timeouts) and runs in under a minute.
+FAST_EXCLUDES = ("model", "window", "engine_process", "slow")
 
 
 def markers_for(fixturenames: Iterable[str], existing: set[str]) -> set[str]:

@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 import engine
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -93,6 +95,8 @@ def test_modules_that_run_no_model_do_not_load_the_native_library() -> None:
     assert result.stdout.strip() == "True"
 
 
+@pytest.mark.window  # the app's window and its engine process, in a child process
+@pytest.mark.engine_process
 def test_the_window_answers_without_loading_llama_cpp_in_its_own_process(
     tiny_models: dict[str, Path], tmp_path: Path
 ) -> None:

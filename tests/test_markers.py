@@ -31,7 +31,7 @@ def _needs(request: pytest.FixtureRequest) -> set[str]:
     (("window", "qtbot", "tiny_models", "smollm2_path", "engine_calls"),
      {"model", "window", "engine_process"}),
     (("fake_window", "fake_engine", "qtbot"), {"window"}),
-    (("offline_window", "qtbot"), {"window", "engine_process"}),
+    (("offline_window", "fake_engine", "qtbot"), {"window"}),
     (("smol_window", "qtbot", "smollm2_path"), {"model", "window", "engine_process", "slow"}),
     (("gemma_path",), {"model", "slow"}),
 ])

@@ -24,6 +24,9 @@ from engine.storage.store import Store
 from tests.app_fixtures import TIMEOUT, destroy, send
 from tests.engine.core.test_overflow import QUESTIONS
 
+# `small_window` is the app's window on a real engine process.
+pytestmark = pytest.mark.engine_process
+
 
 @pytest.fixture
 def small_window(qtbot: QtBot, tmp_path: Path, tiny_models: dict[str, Path]

@@ -160,6 +160,7 @@ def test_a_broken_model_keeps_the_previous_one_working(
     assert fake_window.tree.message(1).text == "You said: Are you there?"
 
 
+@pytest.mark.engine_process  # the app's own window: its default engine is a process
 def test_closing_while_answering_saves_the_partial_reply(
     qtbot: QtBot, tmp_path: Path, tiny_models: dict[str, Path]
 ) -> None:

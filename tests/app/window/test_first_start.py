@@ -75,17 +75,17 @@ def test_the_engine_process_writes_its_stderr_to_its_log_file(tmp_path: Path) ->
     assert "Fatal Python error: Aborted" in log.read_text()
 
 
-def test_help_opens_the_log_folder(qtbot: QtBot, window: MainWindow,
+def test_help_opens_the_log_folder(qtbot: QtBot, fake_window: MainWindow,
                                    monkeypatch: pytest.MonkeyPatch,
                                    _arbor_home: Path) -> None:
     opened: list[QUrl] = []
     monkeypatch.setattr("app.window.main_window.QDesktopServices.openUrl",
                         lambda url: opened.append(url) or True)
-    window.actions_by_name["log_folder"].trigger()
+    fake_window.actions_by_name["log_folder"].trigger()
     assert [url.toLocalFile() for url in opened] == [str(_arbor_home / "logs")]
 
 
-# The self-test is the app itself (a window, its engine process, the bundled model), in a
+# The self-test is the app itself (a fake_window, its engine process, the bundled model), in a
 # child process: no fixture says so.
 @pytest.mark.model
 @pytest.mark.window
