@@ -92,7 +92,8 @@ class Script:
     failing_models: dict[str, str] = field(default_factory=dict)
     # Every reply fails with this message after its first piece.
     reply_failure: str | None = None
-    # After its first piece a reply waits for a stop (a test acts while it streams).
+    # The next reply waits for a stop after its first piece (a test acts while it streams);
+    # it clears this, so the reply after it runs through.
     hold: bool = False
     # Every request, in the order handled (read on the GUI thread once answered).
     requests: list[Request] = field(default_factory=list)
@@ -222,10 +223,12 @@ class FakeEngineService:
                 if script.reply_failure is not None:
                     self._emit(_failed(request, script.reply_failure))
                     return
-                # The control has nothing to wait on: poll it, as the real engine does
-                # between tokens. A shutdown stops whatever runs, so this always ends.
-                while script.hold and not self.control.stop_requested(request.request_id):
-                    time.sleep(0.002)
+                if script.hold:
+                    script.hold = False
+                    # The control has nothing to wait on: poll it, as the real engine does
+                    # between tokens. A shutdown stops whatever runs, so this always ends.
+                    while not self.control.stop_requested(request.request_id):
+                        time.sleep(0.002)
         base = request.resume.text if request.resume is not None else ""
         text = base + "".join(said)
         generated = tokenize("".join(said))
