@@ -195,15 +195,18 @@ class FakeEngineService:
             self._emit(Failed(request.request_id, request.conversation_id, request.reply_id,
                               str(error), overflow=(len(prompt), n_ctx)))
             return
+        if self.control.stop_requested(request.request_id):
+            self._emit(_failed(request, ""))  # stopped before it began: nothing said
+            return
         reused = _common_prefix(self._live, prompt)
         self._emit(Plan(request.request_id, len(prompt), reused,
                         (Source.LIVE if reused else Source.NONE).value, None))
-        for done in range(reused, len(prompt), CHUNK):
+        # Chunk by chunk, and at least once (the real engine reports a prompt held whole too).
+        for done in range(min(reused + CHUNK, len(prompt)), len(prompt) + CHUNK, CHUNK):
             if self.control.stop_requested(request.request_id):
                 self._emit(_failed(request, ""))  # stopped in the prepare: nothing said
                 return
-            self._emit(Progress(request.request_id, min(done + CHUNK, len(prompt)),
-                                len(prompt)))
+            self._emit(Progress(request.request_id, min(done, len(prompt)), len(prompt)))
         self._live = prompt
         words = script.reply(request.path[-1].text, request.seed).split()
         finish = FinishReason.STOP

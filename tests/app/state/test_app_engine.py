@@ -248,6 +248,7 @@ def test_an_edit_sent_during_a_reply_stops_it_and_is_answered(
     with qtbot.waitSignal(fake_window.text_shown, timeout=TIMEOUT):
         qtbot.keyClick(fake_window.composer, Qt.Key.Key_Return)
     interrupted = fake_window.tree.node(fake_window.tree.active_leaf)
+    assert interrupted.text == "You"  # streamed so far: the engine holds the rest
     first = fake_window.tree.message(0)
     with qtbot.waitSignal(fake_window.reply_finished, timeout=TIMEOUT):
         fake_window.controller.edit(first.id, "First question, edited")  # not lost, not refused

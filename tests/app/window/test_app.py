@@ -14,7 +14,7 @@ from pytestqt.qtbot import QtBot
 from app.window.main_window import MainWindow
 from engine.core.tree import NodeStatus, Role
 from engine.storage.store import Store
-from tests.app_fixtures import TIMEOUT, send
+from tests.app_fixtures import TIMEOUT, send, warnings_shown
 from tests.fake_engine import Script
 
 
@@ -158,6 +158,23 @@ def test_a_broken_model_keeps_the_previous_one_working(
     assert fake_window.replies.model is loaded
     send(qtbot, fake_window, "Are you there?")
     assert fake_window.tree.message(1).text == "You said: Are you there?"
+
+
+def test_a_reply_that_fails_keeps_what_it_said_and_says_why(
+    qtbot: QtBot, fake_window: MainWindow, fake_engine: Script, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shown = warnings_shown(monkeypatch)
+    fake_engine.reply_failure = "the engine ran out of memory"
+    send(qtbot, fake_window, "Hello there")
+    reply = fake_window.tree.message(1)
+    assert reply.status is NodeStatus.INTERRUPTED and reply.text == "You"  # its first word
+    assert shown == ["the engine ran out of memory"]
+    assert fake_window.send_button.text() == "Send" and fake_window.replies.streaming is None
+    fake_engine.reply_failure = None
+    with qtbot.waitSignal(fake_window.reply_finished, timeout=TIMEOUT):
+        fake_window.actions_by_name["continue"].trigger()
+    assert reply.status is NodeStatus.COMPLETE and reply.text == "You You said: Hello there"
+    assert len(fake_window.tree.messages()) == 2  # the same reply grew
 
 
 @pytest.mark.engine_process  # the app's own window: its default engine is a process
