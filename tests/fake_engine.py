@@ -15,7 +15,6 @@ client builds its handler.
 
 from __future__ import annotations
 
-import threading
 import time
 import zlib
 from collections.abc import Callable
@@ -83,8 +82,8 @@ def echo(prompt: str, seed: int) -> str:
 
 @dataclass
 class Script:
-    """What the fake engine does. A test may change it at any time: the engine reads it when a
-    request starts (and `hold` between pieces)."""
+    """What the fake engine does. A test may change it between requests: the engine reads it
+    as a request runs (`hold` and `reply_failure` at a reply's first piece)."""
 
     # The reply to the last message of a path, given the reply's seed.
     reply: Callable[[str, int], str] = echo
@@ -97,8 +96,6 @@ class Script:
     hold: bool = False
     # Every request, in the order handled (read on the GUI thread once answered).
     requests: list[Request] = field(default_factory=list)
-    # Set when a reply has sent its first piece (with `hold`: it waits now).
-    streaming: threading.Event = field(default_factory=threading.Event)
 
 
 class FakeEngineService:
@@ -222,7 +219,6 @@ class FakeEngineService:
             self._emit(Piece(request.request_id, request.conversation_id, request.reply_id,
                              piece))
             if len(said) == 1:
-                script.streaming.set()
                 if script.reply_failure is not None:
                     self._emit(_failed(request, script.reply_failure))
                     return
