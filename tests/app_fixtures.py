@@ -1,6 +1,7 @@
 """Fixtures for driving the real main window on a real engine with a tiny model.
 
-Loaded for every test module through `pytest_plugins` in conftest.py.
+Loaded for every test module through `pytest_plugins` in conftest.py, so it imports Qt's core
+only: the window, its engine clients and llama.cpp are imported by the fixtures that use them.
 """
 
 from __future__ import annotations
@@ -10,22 +11,22 @@ import socket
 import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
-from PySide6.QtCore import QCoreApplication, QEvent, QObject, Qt
-from pytestqt.qtbot import QtBot
 
-import engine.llm.llama as llama_layer
-from app.chat.chat_view import ChatView
-from app.chat.message_documents import MessageDocument
-from app.look.theme import fusion_light_palette
-from app.state.engine_client import EngineClient
-from app.state.engine_thread import ThreadEngine
-from app.window.main_window import MainWindow
 from engine.config.settings import Settings
-from engine.core.tree import Tree
-from engine.storage.store import Store
+from tests.fake_engine import Script, in_process_client
+
+if TYPE_CHECKING:
+    from PySide6.QtCore import QObject
+    from pytestqt.qtbot import QtBot
+
+    from app.chat.chat_view import ChatView
+    from app.chat.message_documents import MessageDocument
+    from app.state.engine_client import EngineClient
+    from app.window.main_window import MainWindow
+    from engine.core.tree import Tree
 
 # A hang guard, not a speed claim: a random-weight model answers up to its token limit and a
 # shared machine may be slow; every wait ends as soon as its signal comes.
@@ -37,6 +38,8 @@ TEST_SETTINGS = Settings(max_tokens=48)
 @pytest.fixture
 def engine_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """Record the thread of every call into llama.cpp's decode and state functions."""
+    import engine.llm.llama as llama_layer
+
     seen: list[int] = []
     for name in ("decode", "state_get", "state_set", "clear"):
         original = getattr(llama_layer.LlamaContext, name)
@@ -52,6 +55,9 @@ def engine_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 def open_window(qtbot: QtBot, tmp_path: Path, model: Path,
                 engine: EngineClient | None = None) -> MainWindow:
     """A shown main window on its own store, with `model` loaded."""
+    from app.window.main_window import MainWindow
+    from engine.storage.store import Store
+
     win = MainWindow(store=Store(tmp_path / "conversations.db"), settings=TEST_SETTINGS,
                      engine=engine)
     qtbot.addWidget(win)
@@ -72,6 +78,8 @@ def warnings_shown(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 def destroy(*objects: QObject) -> None:
     """Destroy them now: a window left for the garbage collector still answers app-wide
     signals (a theme change repaints its icons) in the tests that follow."""
+    from PySide6.QtCore import QCoreApplication, QEvent
+
     for item in objects:
         item.deleteLater()
     QCoreApplication.sendPostedEvents(None, QEvent.Type.DeferredDelete)
@@ -111,6 +119,28 @@ def window(
 
 
 @pytest.fixture
+def fake_engine() -> Script:
+    """The script of the fake engine (tests/fake_engine.py) a `fake_window` runs on: a test
+    changes it to change what the engine answers."""
+    return Script()
+
+
+@pytest.fixture
+def fake_window(
+    qtbot: QtBot, tmp_path: Path, fake_engine: Script, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[MainWindow]:
+    """The main window on the scripted fake engine, run by the in-process client, with a
+    fake model loaded: for what the window does with the engine's events (no model, no
+    engine process, milliseconds a test). On teardown, proof the engine was shut down."""
+    win = open_window(qtbot, tmp_path, tmp_path / "fake-model.gguf",
+                      in_process_client(monkeypatch, fake_engine))
+    yield win
+    win.close()
+    assert not win.engine.running
+    destroy(win)
+
+
+@pytest.fixture
 def smol_window(qtbot: QtBot, tmp_path: Path, smollm2_path: Path) -> Iterator[MainWindow]:
     """The window (engine process) on the bundled SmolLM2: real states, megabytes each."""
     win = open_window(qtbot, tmp_path, smollm2_path)
@@ -126,6 +156,8 @@ def thread_window(
     """The main window with its engine on a thread of this process (`ThreadEngine`), for
     tests that reach into the engine; on teardown, proof that llama.cpp ran only on the
     engine thread."""
+    from app.state.engine_thread import ThreadEngine
+
     engine = ThreadEngine()
     win = open_window(qtbot, tmp_path, tiny_models["dense"], engine)
     yield win
@@ -139,15 +171,22 @@ def thread_window(
 
 
 @pytest.fixture
-def offline_window(qtbot: QtBot, tmp_path: Path) -> Iterator[Callable[[Tree], MainWindow]]:
+def offline_window(
+    qtbot: QtBot, tmp_path: Path, fake_engine: Script, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Callable[[Tree], MainWindow]]:
     """Opens the window on a store holding `tree` (its newest conversation), with no model:
-    for what the window does without the engine (showing, switching, copying)."""
+    for what the window does without the engine (showing, switching, copying). Its engine is
+    the fake one, idle: no engine process starts."""
+    from app.window.main_window import MainWindow
+    from engine.storage.store import Store
+
     opened: list[MainWindow] = []
 
     def open_on(tree: Tree) -> MainWindow:
         store = Store(tmp_path / f"offline-{len(opened)}.db")
         store.create(tree, title="Offline")
-        win = MainWindow(store=store, settings=TEST_SETTINGS)
+        win = MainWindow(store=store, settings=TEST_SETTINGS,
+                         engine=in_process_client(monkeypatch, fake_engine))
         qtbot.addWidget(win)
         win.resize(1100, 760)
         win.show()
@@ -165,6 +204,8 @@ def offline_window(qtbot: QtBot, tmp_path: Path) -> Iterator[Callable[[Tree], Ma
 
 def send(qtbot: QtBot, win: MainWindow, text: str) -> None:
     """Type a message and press Enter, as a user would; returns once the reply is done."""
+    from PySide6.QtCore import Qt
+
     win.composer.setPlainText(text)
     with qtbot.waitSignal(win.reply_finished, timeout=TIMEOUT):
         qtbot.keyClick(win.composer, Qt.Key.Key_Return)
@@ -173,6 +214,9 @@ def send(qtbot: QtBot, win: MainWindow, text: str) -> None:
 @pytest.fixture
 def chat_view(qtbot: QtBot) -> Iterator[ChatView]:
     """A chat view alone, light palette, 720x620, shown."""
+    from app.chat.chat_view import ChatView
+    from app.look.theme import fusion_light_palette
+
     widget = ChatView()
     qtbot.addWidget(widget)
     widget.setPalette(fusion_light_palette())

@@ -15,6 +15,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 LLAMA = "engine.llm.llama"
 
@@ -131,6 +133,8 @@ def test_importing_every_engine_module_loads_no_qt() -> None:
     assert _python(probe).stdout.strip() == "True"  # the check would notice
 
 
+@pytest.mark.window  # the app's window and its engine process, in a child process
+@pytest.mark.engine_process
 def test_the_window_answers_without_loading_llama_cpp_in_its_own_process(
     tiny_models: dict[str, Path], tmp_path: Path
 ) -> None:

@@ -246,7 +246,7 @@ def test_documents_render_markdown_with_monospaced_code(qtbot: QtBot) -> None:
     assert any(text == "len([1, 2])" and mono for text, mono in fixed)
 
 
-def test_the_document_cache_is_bounded_and_keeps_one_text_per_message() -> None:
+def test_the_document_cache_is_bounded_and_keeps_one_text_per_message(qapp: QApplication) -> None:
     delegate = MessageDelegate(cache_limit=8)
     text = ""
     for i in range(50):  # a streaming reply: only its latest text stays cached
@@ -260,7 +260,7 @@ def test_the_document_cache_is_bounded_and_keeps_one_text_per_message() -> None:
     assert delegate.cache_size() == 0
 
 
-def test_long_code_lines_wrap_inside_the_bubble() -> None:
+def test_long_code_lines_wrap_inside_the_bubble(qapp: QApplication) -> None:
     delegate = MessageDelegate()
     code = "```\n" + "x" * 400 + " = " + "y" * 50 + "\n```\n\nand " + "z" * 300
     doc = delegate.document(MessageRow(1, "user", code, "complete", 0, 1), 300)
@@ -268,7 +268,9 @@ def test_long_code_lines_wrap_inside_the_bubble() -> None:
     assert doc.size().height() > 5 * doc.defaultFont().pointSizeF()
 
 
-def test_switcher_rects_are_empty_without_versions_and_ordered_with_them() -> None:
+def test_switcher_rects_are_empty_without_versions_and_ordered_with_them(
+    qapp: QApplication
+) -> None:
     delegate = MessageDelegate()
     rect = QRect(0, 100, 600, 120)
     single = MessageRow(1, "assistant", "x", "complete", 0, 1)

@@ -41,6 +41,7 @@ def small_window(qtbot: QtBot, tmp_path: Path, tiny_models: dict[str, Path]
     destroy(win)
 
 
+@pytest.mark.engine_process  # `small_window` is the app's window on a real engine process
 def test_leaving_the_oldest_out_marks_them_in_the_chat_and_the_gauge(
     qtbot: QtBot, small_window: MainWindow
 ) -> None:
@@ -90,6 +91,7 @@ def test_leaving_the_oldest_out_marks_them_in_the_chat_and_the_gauge(
     assert Overrides.read(win.store.settings(cid)).overflow is Overflow.DROP_OLDEST
 
 
+@pytest.mark.engine_process  # `small_window` is the app's window on a real engine process
 def test_under_stop_an_overflow_says_how_to_go_on_and_keeps_every_message(
     qtbot: QtBot, small_window: MainWindow, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -8,6 +8,7 @@ from collections.abc import Callable
 
 import pytest
 from PySide6.QtCore import QPoint, QRect, Qt
+from PySide6.QtWidgets import QApplication
 from pytestqt.qtbot import QtBot
 
 from app.chat.chat_model import ChatModel, MessageRow, accessible_description, accessible_text
@@ -160,7 +161,7 @@ def test_code_in_the_answer_keeps_its_copy_button_under_the_reasoning(
         view.doItemsLayout()
 
 
-def test_screen_readers_hear_whether_the_reasoning_is_folded() -> None:
+def test_screen_readers_hear_whether_the_reasoning_is_folded(qapp: QApplication) -> None:
     folded = row(2, REPLY)
     assert accessible_text(folded) == (
         "Assistant, reasoning collapsed, 60 words: Hello! How can I help?")

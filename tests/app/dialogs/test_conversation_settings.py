@@ -20,7 +20,7 @@ from engine.core.tree import Role, Tree
 from engine.service.protocol import GenerateRequest
 from engine.storage.store import Store
 from engine.storage.transfer import FileFormat, commit_import, export_file, parse_import
-from tests.app_fixtures import TIMEOUT, open_window, send
+from tests.app_fixtures import TIMEOUT, send
 
 
 def test_overrides_round_trip_and_keep_the_conversations_other_settings() -> None:
@@ -94,14 +94,14 @@ def test_the_dialog_shows_defaults_and_returns_only_what_the_user_made_its_own(
     assert dialog.chosen() == Overrides()
 
 
-# --- in the window, on the tiny models ---------------------------------------------------
+# --- in the window, on the fake engine ---------------------------------------------------
 
 
 @pytest.fixture
 def window_and_requests(
-    qtbot: QtBot, tmp_path: Path, tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+    fake_window: MainWindow, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[tuple[MainWindow, list[GenerateRequest]]]:
-    win = open_window(qtbot, tmp_path, tiny_models["dense"])
+    win = fake_window
     win.models.apply_settings(replace(win.settings, max_tokens=8, temperature=0.7, seed=None))
     sent: list[GenerateRequest] = []
     original = win.engine.send
@@ -113,7 +113,6 @@ def window_and_requests(
 
     monkeypatch.setattr(win.engine, "send", record)
     yield win, sent
-    win.close()
 
 
 def test_a_conversations_replies_use_its_own_settings_and_others_the_defaults(
@@ -136,7 +135,7 @@ def test_a_conversations_replies_use_its_own_settings_and_others_the_defaults(
 
 def test_opening_a_conversation_set_to_another_model_offers_to_load_it(
     qtbot: QtBot, window_and_requests: tuple[MainWindow, list[GenerateRequest]],
-    tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     window, _ = window_and_requests
     asked: list[str] = []
@@ -145,7 +144,9 @@ def test_opening_a_conversation_set_to_another_model_offers_to_load_it(
                         lambda _p, _t, text: asked.append(text) or answer[0])
     first = window.controller.current
     assert first is not None
-    other_model = str(tiny_models["recurrent"])
+    other = tmp_path / "tiny-recurrent.gguf"
+    other.write_bytes(b"GGUF")  # offered only if it is there; the fake engine loads any file
+    other_model = str(other)
     window.controller.set_overrides(Overrides(model=other_model))
     window.controller.new_conversation()
     window.controller.open_conversation(first)

@@ -150,13 +150,13 @@ def test_a_reply_is_announced_once_when_it_stops_streaming(
     assert announcements[-1] == (view, "Reply interrupted: Half")
 
 
-def test_the_window_announces_a_real_reply(
-    window: MainWindow, qtbot: QtBot, announcements: list[tuple[Any, str]]
+def test_the_window_announces_a_finished_reply(
+    fake_window: MainWindow, qtbot: QtBot, announcements: list[tuple[Any, str]]
 ) -> None:
-    send(qtbot, window, "Hello")
-    reply = window.chat.model().rows()[-1]
+    send(qtbot, fake_window, "Hello")
+    reply = fake_window.chat.model().rows()[-1]
     assert reply.role == "assistant" and reply.status != "streaming"
-    finished = [text for sender, text in announcements if sender is window.chat]
+    finished = [text for sender, text in announcements if sender is fake_window.chat]
     assert len(finished) == 1 and finished[0].startswith("Reply finished")
 
 

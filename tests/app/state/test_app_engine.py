@@ -1,4 +1,8 @@
-"""The window and the engine thread: warming the next prompt, settings, models, shortcuts."""
+"""The window and its engine: warming the next prompt, settings, models, shortcuts, a reply
+while the user does something else, and store errors. What the real engine decides (what a
+warm-up decodes, a fixed seed, checkpoints in a session file, a bug in it) runs on a real one;
+what the window does with the engine's events runs on the scripted fake (tests/fake_engine.py).
+"""
 
 from __future__ import annotations
 
@@ -23,6 +27,7 @@ from engine.service.protocol import Warmed
 from engine.storage.store import Store, StoreWriteError
 from engine.storage.transfer import FileFormat
 from tests.app_fixtures import TIMEOUT, process_gone, send
+from tests.fake_engine import Script, in_process_client
 
 
 def _wait_warm(qtbot: QtBot, win: MainWindow) -> Warmed:
@@ -83,18 +88,18 @@ def test_starting_an_edit_warms_the_prefix_before_the_edited_message(
 
 
 def test_a_context_setting_reloads_the_model_says_so_and_is_saved(
-    qtbot: QtBot, window: MainWindow
+    qtbot: QtBot, fake_window: MainWindow
 ) -> None:
-    send(qtbot, window, "Hello")
-    with qtbot.waitSignal(window.model_ready, timeout=TIMEOUT):
-        effect = window.models.apply_settings(replace(window.settings, n_ctx=2048))
+    send(qtbot, fake_window, "Hello")
+    with qtbot.waitSignal(fake_window.model_ready, timeout=TIMEOUT):
+        effect = fake_window.models.apply_settings(replace(fake_window.settings, n_ctx=2048))
         assert effect is Effect.INVALIDATE
-        assert "checkpoints do not fit" in window.statusBar().currentMessage()
-    assert "ctx 2048" in window.status_model.text()
+        assert "checkpoints do not fit" in fake_window.statusBar().currentMessage()
+    assert "ctx 2048" in fake_window.status_model.text()
     assert load_settings().settings.n_ctx == 2048
-    send(qtbot, window, "Still there?")  # the new context answers
-    done = window.replies.last_reply
-    assert done is not None and done.source != "checkpoint"
+    send(qtbot, fake_window, "Still there?")  # the new context answers
+    done = fake_window.replies.last_reply
+    assert done is not None and done.reused_tokens == 0  # a new context holds nothing
 
 
 def test_sampling_settings_apply_without_a_reload_and_a_fixed_seed_repeats_a_conversation(
@@ -167,8 +172,11 @@ def test_the_model_picker_reads_headers_and_refuses_broken_files(
     assert model.rowCount() == 4 and picker.chosen() == tiny_models["dense"]
 
 
-def test_every_frequent_action_has_its_own_shortcut(qtbot: QtBot, tmp_path: Path) -> None:
-    win = MainWindow(store=Store(tmp_path / "c.db"))
+def test_every_frequent_action_has_its_own_shortcut(
+    qtbot: QtBot, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    win = MainWindow(store=Store(tmp_path / "c.db"),
+                     engine=in_process_client(monkeypatch, Script()))
     qtbot.addWidget(win)
     keys: dict[str, list[str]] = {}
     for action in [*win.actions_by_name.values(), *win.chat.actions()]:
@@ -189,67 +197,68 @@ def test_every_frequent_action_has_its_own_shortcut(qtbot: QtBot, tmp_path: Path
 
 
 def test_the_system_prompt_is_per_conversation_and_saved(
-    qtbot: QtBot, window: MainWindow
+    qtbot: QtBot, fake_window: MainWindow
 ) -> None:
-    first = window.current
-    window.controller.set_system_prompt("Answer in French.")
-    window.controller.new_conversation()
-    assert window.tree.root.text == ""
-    window.controller.open_conversation(first or 0)
-    assert window.tree.root.text == "Answer in French."
-    assert window.store.load(first or 0).root.text == "Answer in French."
-    send(qtbot, window, "Hello")
-    assert window.tree.root.tokens  # rendered with the new text for this reply
+    first = fake_window.current
+    fake_window.controller.set_system_prompt("Answer in French.")
+    fake_window.controller.new_conversation()
+    assert fake_window.tree.root.text == ""
+    fake_window.controller.open_conversation(first or 0)
+    assert fake_window.tree.root.text == "Answer in French."
+    assert fake_window.store.load(first or 0).root.text == "Answer in French."
+    send(qtbot, fake_window, "Hello")
+    assert fake_window.tree.root.tokens  # rendered with the new text for this reply
 
 
-def _long_replies(window: MainWindow) -> None:
-    window.models.apply_settings(replace(window.settings, max_tokens=2048))
+def _sidebar_texts(win: MainWindow) -> list[str]:
+    return [win.sidebar.list.item(i).text() for i in range(win.sidebar.list.count())]
 
 
 def test_a_reply_streams_into_its_own_conversation_while_another_is_open(
-    qtbot: QtBot, window: MainWindow
+    qtbot: QtBot, fake_window: MainWindow, fake_engine: Script
 ) -> None:
-    send(qtbot, window, "Hello")
-    first = window.current or 0
-    _long_replies(window)
-    window.composer.setPlainText("Tell me a long story")
-    with qtbot.waitSignal(window.text_shown, timeout=TIMEOUT):
-        qtbot.keyClick(window.composer, Qt.Key.Key_Return)
-    window.controller.new_conversation()  # browse elsewhere while it answers
-    second = window.current
-    assert second != first and window.chat.model().rowCount() == 0
-    marked = [window.sidebar.list.item(i).text() for i in range(window.sidebar.list.count())]
+    send(qtbot, fake_window, "Hello")
+    first = fake_window.current or 0
+    fake_engine.hold = True  # the reply streams until it is stopped
+    fake_window.composer.setPlainText("Tell me a long story")
+    with qtbot.waitSignal(fake_window.text_shown, timeout=TIMEOUT):
+        qtbot.keyClick(fake_window.composer, Qt.Key.Key_Return)
+    fake_window.controller.new_conversation()  # browse elsewhere while it answers
+    second = fake_window.current
+    assert second != first and fake_window.chat.model().rowCount() == 0
+    marked = _sidebar_texts(fake_window)
     assert any(text.endswith("●") for text in marked)  # the answering one is marked
-    window.replies.stop()
-    qtbot.waitUntil(lambda: window.replies.streaming is None, timeout=TIMEOUT)
-    assert window.current == second and window.chat.model().rowCount() == 0
-    tree = window.controller.conversations[first].tree
+    fake_window.replies.stop()
+    qtbot.waitUntil(lambda: fake_window.replies.streaming is None, timeout=TIMEOUT)
+    assert fake_window.current == second and fake_window.chat.model().rowCount() == 0
+    tree = fake_window.controller.conversations[first].tree
     reply = tree.node(tree.active_leaf)
-    assert reply.role is Role.ASSISTANT and reply.text
-    assert window.store.load(first).node(reply.id).text == reply.text
-    marked = [window.sidebar.list.item(i).text() for i in range(window.sidebar.list.count())]
+    assert reply.role is Role.ASSISTANT and reply.text == "You"  # its first word, kept
+    assert fake_window.store.load(first).node(reply.id).text == reply.text
+    marked = _sidebar_texts(fake_window)
     assert not any(text.endswith("●") for text in marked)
 
 
 def test_an_edit_sent_during_a_reply_stops_it_and_is_answered(
-    qtbot: QtBot, window: MainWindow
+    qtbot: QtBot, fake_window: MainWindow, fake_engine: Script
 ) -> None:
-    send(qtbot, window, "First question")
-    _long_replies(window)
-    window.composer.setPlainText("Second question, with a long answer")
-    with qtbot.waitSignal(window.text_shown, timeout=TIMEOUT):
-        qtbot.keyClick(window.composer, Qt.Key.Key_Return)
-    interrupted = window.tree.node(window.tree.active_leaf)
-    first = window.tree.message(0)
-    window.models.apply_settings(replace(window.settings, max_tokens=16))
-    with qtbot.waitSignal(window.reply_finished, timeout=TIMEOUT):
-        window.controller.edit(first.id, "First question, edited")  # not lost, not refused
-    qtbot.waitUntil(lambda: window.replies.streaming is None, timeout=TIMEOUT)
+    send(qtbot, fake_window, "First question")
+    fake_engine.hold = True  # the reply streams until it is stopped
+    fake_window.composer.setPlainText("Second question, with a long answer")
+    with qtbot.waitSignal(fake_window.text_shown, timeout=TIMEOUT):
+        qtbot.keyClick(fake_window.composer, Qt.Key.Key_Return)
+    interrupted = fake_window.tree.node(fake_window.tree.active_leaf)
+    assert interrupted.text == "You"  # streamed so far: the engine holds the rest
+    first = fake_window.tree.message(0)
+    with qtbot.waitSignal(fake_window.reply_finished, timeout=TIMEOUT):
+        fake_window.controller.edit(first.id, "First question, edited")  # not lost, not refused
+    qtbot.waitUntil(lambda: fake_window.replies.streaming is None, timeout=TIMEOUT)
     assert interrupted.status.value == "interrupted"
-    tree = window.tree
+    tree = fake_window.tree
     assert tree.message(0).text == "First question, edited"
     assert tree.siblings(tree.message(0).id) == [first.id, tree.message(0).id]
-    assert tree.message(1).role is Role.ASSISTANT and tree.message(1).text
+    assert tree.message(1).role is Role.ASSISTANT
+    assert tree.message(1).text == "You said: First question, edited"
 
 
 def test_a_session_file_carries_its_checkpoints_to_another_installation(
@@ -325,11 +334,11 @@ def test_an_internal_error_during_a_reply_is_reported_and_the_window_recovers(
 
 
 def test_a_message_the_store_refuses_leaves_the_window_as_saved(
-    qtbot: QtBot, window: MainWindow, monkeypatch: pytest.MonkeyPatch
+    qtbot: QtBot, fake_window: MainWindow, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A full disk: one clear message, the composer keeps the text, and the window shows
+    """A full disk: one clear message, the composer keeps the text, and the fake_window shows
     exactly what is in the database."""
-    send(qtbot, window, "Hello")
+    send(qtbot, fake_window, "Hello")
     shown: list[str] = []
     monkeypatch.setattr("app.window.main_window.QMessageBox.warning",
                         lambda _parent, _title, text: shown.append(text))
@@ -339,33 +348,33 @@ def test_a_message_the_store_refuses_leaves_the_window_as_saved(
         raise StoreWriteError("the disk is full; nothing was saved")
 
     monkeypatch.setattr(Store, "save", full)
-    before = [n.text for n in window.tree.messages()]
-    window.composer.setPlainText("This will not fit")
-    qtbot.keyClick(window.composer, Qt.Key.Key_Return)
-    window.controller.edit(window.tree.message(0).id, "Neither will this")
+    before = [n.text for n in fake_window.tree.messages()]
+    fake_window.composer.setPlainText("This will not fit")
+    qtbot.keyClick(fake_window.composer, Qt.Key.Key_Return)
+    fake_window.controller.edit(fake_window.tree.message(0).id, "Neither will this")
     assert shown == ["the disk is full; nothing was saved"] * 2
-    assert window.replies.streaming is None
-    assert [n.text for n in window.tree.messages()] == before
-    assert window.chat.model().rowCount() == len(before)
-    assert window.composer.toPlainText() == "This will not fit"
+    assert fake_window.replies.streaming is None
+    assert [n.text for n in fake_window.tree.messages()] == before
+    assert fake_window.chat.model().rowCount() == len(before)
+    assert fake_window.composer.toPlainText() == "This will not fit"
     monkeypatch.setattr(Store, "save", real_save)
-    assert [n.text for n in window.store.load(window.current or 0).messages()] == before
+    assert [n.text for n in fake_window.store.load(fake_window.current or 0).messages()] == before
 
 
 @pytest.mark.parametrize("failing", ["create", "load", "rename", "delete", "fork", "save"])
 def test_a_store_error_anywhere_leaves_the_window_consistent_with_one_message(
-    qtbot: QtBot, window: MainWindow, monkeypatch: pytest.MonkeyPatch, failing: str
+    qtbot: QtBot, fake_window: MainWindow, monkeypatch: pytest.MonkeyPatch, failing: str
 ) -> None:
-    """The window used to keep `False` as a tree or as the current conversation after a
+    """The fake_window used to keep `False` as a tree or as the current conversation after a
     failed load or create, and the next access raised AttributeError."""
-    send(qtbot, window, "Hello there.")
-    first = window.current
+    send(qtbot, fake_window, "Hello there.")
+    first = fake_window.current
     assert first is not None
-    window.controller.new_conversation()
-    second = window.current
+    fake_window.controller.new_conversation()
+    second = fake_window.current
     assert second is not None and second != first
-    # Not loaded yet in this window: opening it reads the store.
-    window.controller.conversations.pop(first)
+    # Not loaded yet in this fake_window: opening it reads the store.
+    fake_window.controller.conversations.pop(first)
     shown: list[str] = []
     monkeypatch.setattr("app.window.main_window.QMessageBox.warning",
                         lambda _parent, _title, text: shown.append(text))
@@ -376,33 +385,33 @@ def test_a_store_error_anywhere_leaves_the_window_consistent_with_one_message(
         raise StoreWriteError("could not save the conversation: the disk is full")
 
     monkeypatch.setattr(Store, failing, broken)
-    before = (window.current, dict(window.controller.conversations))
+    before = (fake_window.current, dict(fake_window.controller.conversations))
     if failing == "create":
-        window.controller.new_conversation()
+        fake_window.controller.new_conversation()
     elif failing == "load":
-        window.controller.open_conversation(first)
+        fake_window.controller.open_conversation(first)
     elif failing == "rename":
-        window._rename(second)
+        fake_window._rename(second)
     elif failing == "delete":
-        window.controller.delete_conversation(second)
+        fake_window.controller.delete_conversation(second)
     elif failing == "fork":
-        window.controller.fork(window.tree.active_leaf)
+        fake_window.controller.fork(fake_window.tree.active_leaf)
     elif failing == "save":
-        window.composer.setPlainText("Not saved")
-        qtbot.keyClick(window.composer, Qt.Key.Key_Return)
+        fake_window.composer.setPlainText("Not saved")
+        qtbot.keyClick(fake_window.composer, Qt.Key.Key_Return)
     assert shown == ["could not save the conversation: the disk is full"]
-    assert (window.current, dict(window.controller.conversations)) == before
-    opened = window.controller.conversations.values()
-    assert all(isinstance(c.tree, type(window.tree)) for c in opened)
-    monkeypatch.undo()  # the store works again: the window goes on as if nothing happened
-    window.controller.open_conversation(first)
-    assert window.current == first and window.tree.messages()[0].text == "Hello there."
-    window.controller.new_conversation()
-    assert isinstance(window.current, int) and window.current not in (first, second)
+    assert (fake_window.current, dict(fake_window.controller.conversations)) == before
+    opened = fake_window.controller.conversations.values()
+    assert all(isinstance(c.tree, type(fake_window.tree)) for c in opened)
+    monkeypatch.undo()  # the store works again: the fake_window goes on as if nothing happened
+    fake_window.controller.open_conversation(first)
+    assert fake_window.current == first and fake_window.tree.messages()[0].text == "Hello there."
+    fake_window.controller.new_conversation()
+    assert isinstance(fake_window.current, int) and fake_window.current not in (first, second)
 
 
 def test_the_tokens_a_warm_up_renders_are_kept_and_saved(
-    qtbot: QtBot, window: MainWindow
+    qtbot: QtBot, fake_window: MainWindow
 ) -> None:
     """An imported conversation has no tokens yet; warming it renders them once, and the
     request that follows uses those (it renders nothing again)."""
@@ -411,17 +420,17 @@ def test_the_tokens_a_warm_up_renders_are_kept_and_saved(
     tree = Tree("Be brief.")
     tree.add_child(tree.active_leaf, Role.USER, "What is a delta?")
     tree.add_child(tree.active_leaf, Role.ASSISTANT, "Where a river meets the sea.")
-    cid = window.store.create(tree, title="Imported")
-    with qtbot.waitSignal(window.warmed, timeout=TIMEOUT) as blocker:
-        window.controller.open_conversation(cid)
+    cid = fake_window.store.create(tree, title="Imported")
+    with qtbot.waitSignal(fake_window.warmed, timeout=TIMEOUT) as blocker:
+        fake_window.controller.open_conversation(cid)
     warmed = blocker.args[0]
     assert isinstance(warmed, Warmed) and len(warmed.rendered) == 3
-    kept = [node.tokens for node in window.tree.active_path()]
+    kept = [node.tokens for node in fake_window.tree.active_path()]
     assert all(kept)
-    assert [n.tokens for n in window.store.load(cid).active_path()] == kept
-    send(qtbot, window, "And an estuary?")
-    path = window.tree.active_path()
+    assert [n.tokens for n in fake_window.store.load(cid).active_path()] == kept
+    send(qtbot, fake_window, "And an estuary?")
+    path = fake_window.tree.active_path()
     assert [n.tokens for n in path[:3]] == kept
-    done = window.replies.last_result
+    done = fake_window.replies.last_result
     assert done is not None  # only the new message was rendered by the request
     assert [key for key, _ in done.rendered] == [global_id(cid, path[3].id)]

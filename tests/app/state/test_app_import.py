@@ -2,7 +2,8 @@
 thread (over a second connection), and a window closed mid-import commits nothing and leaves
 no thread running.
 
-No model is loaded: importing never touches the engine.
+No model is loaded: importing never touches the engine, so the window runs on the fake one
+(tests/fake_engine.py), idle.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from engine.storage.formats.arbor_file import write_session
 from engine.storage.formats.chatgpt import export_chatgpt
 from engine.storage.store import ConversationInfo, Store
 from engine.storage.transfer import ParsedImport, parse_import
+from tests.fake_engine import Script, in_process_client
 
 TIMEOUT = 30_000
 KEY = b"k" * 32
@@ -56,8 +58,11 @@ def _titles(infos: list[ConversationInfo]) -> list[str]:
 
 
 @pytest.fixture
-def window(qtbot: QtBot, tmp_path: Path) -> Iterator[MainWindow]:
-    win = MainWindow(store=Store(tmp_path / "conversations.db"))
+def idle_window(
+    qtbot: QtBot, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[MainWindow]:
+    win = MainWindow(store=Store(tmp_path / "conversations.db"),
+                     engine=in_process_client(monkeypatch, Script()))
     qtbot.addWidget(win)
     win.show()
     yield win
@@ -84,43 +89,44 @@ def _wrap_parse(monkeypatch: pytest.MonkeyPatch, wrapper: Callable[[Parse], Pars
 
 @pytest.mark.parametrize("make_file", [_chatgpt_file, _session_file], ids=["chatgpt", "arbor"])
 def test_an_imported_file_is_added_listed_and_opened(
-    qtbot: QtBot, window: MainWindow, tmp_path: Path, warnings: list[str],
+    qtbot: QtBot, idle_window: MainWindow, tmp_path: Path, warnings: list[str],
     make_file: Callable[[Path], Path],
 ) -> None:
     path = make_file(tmp_path)
-    before = window.store.list()
-    with qtbot.waitSignal(window.files.import_finished, timeout=TIMEOUT) as finished:
-        assert window.files.import_path(path)
-        assert window.statusBar().currentMessage() == f"Reading {path.name}…"
+    before = idle_window.store.list()
+    with qtbot.waitSignal(idle_window.files.import_finished, timeout=TIMEOUT) as finished:
+        assert idle_window.files.import_path(path)
+        assert idle_window.statusBar().currentMessage() == f"Reading {path.name}…"
     (ids,) = finished.args
     assert len(ids) == 1 and warnings == []
-    assert sorted(_titles(window.store.list())) == sorted(["Oaks", *_titles(before)])
-    assert window.current == ids[0]
-    assert window.sidebar.current_id() == ids[0]
-    assert window.sidebar.list.currentItem().text() == "Oaks"
-    assert [n.text for n in window.tree.messages()] == ["What is a river?", "Water that flows."]
-    assert window.statusBar().currentMessage() == "Imported 1 conversations."
+    assert sorted(_titles(idle_window.store.list())) == sorted(["Oaks", *_titles(before)])
+    assert idle_window.current == ids[0]
+    assert idle_window.sidebar.current_id() == ids[0]
+    assert idle_window.sidebar.list.currentItem().text() == "Oaks"
+    assert [n.text for n in idle_window.tree.messages()] == ["What is a river?",
+                                                             "Water that flows."]
+    assert idle_window.statusBar().currentMessage() == "Imported 1 conversations."
 
 
 def test_a_rejected_file_leaves_the_store_unchanged(
-    qtbot: QtBot, window: MainWindow, tmp_path: Path, warnings: list[str]
+    qtbot: QtBot, idle_window: MainWindow, tmp_path: Path, warnings: list[str]
 ) -> None:
     bad = tmp_path / "conversations.json"
     bad.write_bytes(b'[{"title": "Broken", "mapping": {}, "current_node": "x"}]')
-    before, current = window.store.list(), window.current
-    with qtbot.waitSignal(window.files.import_finished, timeout=TIMEOUT) as finished:
-        window.files.import_path(bad)
+    before, current = idle_window.store.list(), idle_window.current
+    with qtbot.waitSignal(idle_window.files.import_finished, timeout=TIMEOUT) as finished:
+        idle_window.files.import_path(bad)
     assert finished.args == [[]]
-    assert window.store.list() == before and window.current == current
+    assert idle_window.store.list() == before and idle_window.current == current
     assert len(warnings) == 1
     assert warnings[0].startswith("conversations.json was not imported.\n\n")
     assert "has no messages" in warnings[0] and "Traceback" not in warnings[0]
-    assert window.statusBar().currentMessage() == ""
-    assert window.store.integrity_ok()
+    assert idle_window.statusBar().currentMessage() == ""
+    assert idle_window.store.integrity_ok()
 
 
 def test_parsing_and_committing_run_off_the_gui_thread(
-    qtbot: QtBot, window: MainWindow, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    qtbot: QtBot, idle_window: MainWindow, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     parsed_on: list[int] = []
     committed_on: list[int] = []
@@ -139,27 +145,27 @@ def test_parsing_and_committing_run_off_the_gui_thread(
 
     _wrap_parse(monkeypatch, record_parse)
     monkeypatch.setattr(app.state.importer, "commit_import", commit)
-    with qtbot.waitSignal(window.files.import_finished, timeout=TIMEOUT) as finished:
-        window.files.import_path(_chatgpt_file(tmp_path))
+    with qtbot.waitSignal(idle_window.files.import_finished, timeout=TIMEOUT) as finished:
+        idle_window.files.import_path(_chatgpt_file(tmp_path))
     main = threading.get_ident()
     (ids,) = finished.args
     assert len(ids) == 1
     assert len(parsed_on) == 1 and parsed_on[0] != main
     assert committed_on == parsed_on  # the same worker thread
-    assert window.current == ids[0] and _titles(window.store.list()).count("Oaks") == 1
+    assert idle_window.current == ids[0] and _titles(idle_window.store.list()).count("Oaks") == 1
 
 
 def test_a_reply_streaming_in_the_window_is_not_marked_interrupted_by_an_import(
-    qtbot: QtBot, window: MainWindow, tmp_path: Path
+    qtbot: QtBot, idle_window: MainWindow, tmp_path: Path
 ) -> None:
     """The import's own connection must not run the crash recovery of the program's."""
-    tree, cid = window.tree, window.current or 0
+    tree, cid = idle_window.tree, idle_window.current or 0
     user = tree.add_child(tree.active_leaf, Role.USER, "Hi")
     reply = tree.add_child(user.id, Role.ASSISTANT, "Hel", status=NodeStatus.STREAMING)
-    window.store.save(cid, tree, [user, reply])
-    with qtbot.waitSignal(window.files.import_finished, timeout=TIMEOUT):
-        window.files.import_path(_chatgpt_file(tmp_path))
-    with Store(window.store.path, recover=False) as other:
+    idle_window.store.save(cid, tree, [user, reply])
+    with qtbot.waitSignal(idle_window.files.import_finished, timeout=TIMEOUT):
+        idle_window.files.import_path(_chatgpt_file(tmp_path))
+    with Store(idle_window.store.path, recover=False) as other:
         saved = other.load(cid)
     assert saved.node(reply.id).status is NodeStatus.STREAMING
 
@@ -188,12 +194,13 @@ class _Blocked:
 
 
 def _close_mid_import(
-    qtbot: QtBot, tmp_path: Path, entered: threading.Event
+    qtbot: QtBot, tmp_path: Path, entered: threading.Event, monkeypatch: pytest.MonkeyPatch
 ) -> tuple[MainWindow, list[ConversationInfo], list[object]]:
     """Start an import, wait until it is inside the step the test holds, close the window,
-    and run whatever the close left queued. Returns the window, the conversations before,
+    and run whatever the close left queued. Returns the idle_window, the conversations before,
     and every `import_finished` seen."""
-    win = MainWindow(store=Store(tmp_path / "c.db"))
+    win = MainWindow(store=Store(tmp_path / "c.db"),
+                     engine=in_process_client(monkeypatch, Script()))
     qtbot.addWidget(win)
     before = win.store.list()
     finished: list[object] = []
@@ -211,7 +218,8 @@ def test_closing_while_a_file_is_read_commits_nothing_and_ends_the_thread(
     blocked = _Blocked(until_cancelled=True)
     _wrap_parse(monkeypatch, blocked.wrap)
     # The parse is still blocked at the close: only the importer's cancel can free it.
-    win, before, finished = _close_mid_import(qtbot, tmp_path, blocked.entered)
+    win, before, finished = _close_mid_import(qtbot, tmp_path, blocked.entered,
+                                             monkeypatch)
     assert blocked.saw_cancel == [True]
     assert not win.files.importer.busy and not win.engine.running
     assert finished == [] and warnings == []
@@ -235,7 +243,7 @@ def test_closing_during_the_commit_commits_nothing(
         return real_commit(parsed, store, **kwargs)
 
     monkeypatch.setattr(app.state.importer, "commit_import", commit)
-    win, before, finished = _close_mid_import(qtbot, tmp_path, entered)
+    win, before, finished = _close_mid_import(qtbot, tmp_path, entered, monkeypatch)
     assert not win.files.importer.busy
     assert finished == [] and warnings == []
     with Store(tmp_path / "c.db") as store:
@@ -244,20 +252,21 @@ def test_closing_during_the_commit_commits_nothing(
 
 
 def test_a_second_import_while_one_is_read_is_refused(
-    qtbot: QtBot, window: MainWindow, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    qtbot: QtBot, idle_window: MainWindow, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     blocked = _Blocked()
     _wrap_parse(monkeypatch, blocked.wrap)
     first = _chatgpt_file(tmp_path)
     second = _session_file(tmp_path)
-    with qtbot.waitSignal(window.files.import_finished, timeout=TIMEOUT) as finished:
-        assert window.files.import_path(first)
+    with qtbot.waitSignal(idle_window.files.import_finished, timeout=TIMEOUT) as finished:
+        assert idle_window.files.import_path(first)
         assert blocked.entered.wait(TIMEOUT / 1000)
-        assert not window.files.import_path(second)
-        assert window.statusBar().currentMessage().startswith("Still reading conversations.json")
+        assert not idle_window.files.import_path(second)
+        assert idle_window.statusBar().currentMessage().startswith(
+            "Still reading conversations.json")
         blocked.release.set()
     assert len(finished.args[0]) == 1
-    assert _titles(window.store.list()).count("Oaks") == 1  # the second file was not read
-    with qtbot.waitSignal(window.files.import_finished, timeout=TIMEOUT) as again:
-        assert window.files.import_path(second)  # free again once the first is done
+    assert _titles(idle_window.store.list()).count("Oaks") == 1  # the second file was not read
+    with qtbot.waitSignal(idle_window.files.import_finished, timeout=TIMEOUT) as again:
+        assert idle_window.files.import_path(second)  # free again once the first is done
     assert len(again.args[0]) == 1

@@ -1,5 +1,6 @@
-"""The window's state without a window: `ChatController` and `Replies` on the real engine
-thread and a tiny model, and the actions table every menu reads."""
+"""The window's state without a window: `ChatController` and `Replies` on the scripted fake
+engine (tests/fake_engine.py) through the in-process client, and the actions table every menu
+reads. What the engine itself does is tested on the real one (tests/engine/service/)."""
 
 from __future__ import annotations
 
@@ -12,19 +13,20 @@ from pytestqt.qtbot import QtBot
 
 from app.look.actions import ACTIONS, TOOLBAR, Menu, Scope, shortcut_rows, spec, specs
 from app.state.controller import ChatController
-from app.state.engine_thread import ThreadEngine
 from engine.core.tree import NodeStatus, Role
+from engine.service.protocol import GenerateRequest
 from engine.storage.store import Store, StoreWriteError
 from tests.app_fixtures import TEST_SETTINGS, TIMEOUT, destroy
+from tests.fake_engine import Script, in_process_client
 
 
 @pytest.fixture
-def controller(qtbot: QtBot, tmp_path: Path,
-               tiny_models: dict[str, Path]) -> Iterator[ChatController]:
-    engine = ThreadEngine()
+def controller(qtbot: QtBot, tmp_path: Path, fake_engine: Script,
+               monkeypatch: pytest.MonkeyPatch) -> Iterator[ChatController]:
+    engine = in_process_client(monkeypatch, fake_engine)
     controller = ChatController(Store(tmp_path / "c.db"), TEST_SETTINGS, engine)
     with qtbot.waitSignal(controller.replies.model_ready, timeout=TIMEOUT):
-        controller.replies.load(str(tiny_models["dense"]))
+        controller.replies.load(str(tmp_path / "fake-model.gguf"))
     controller.open_first()
     yield controller
     engine.shutdown()
@@ -44,12 +46,16 @@ def test_the_controller_answers_persists_and_undoes_without_any_widget(
     _answer(qtbot, controller, "And their roots?")
     tree = controller.tree
     assert [n.role for n in tree.messages()] == [Role.USER, Role.ASSISTANT] * 2
+    assert [n.text for n in tree.messages()] == [
+        "Tell me about oaks.", "You said: Tell me about oaks.",
+        "And their roots?", "You said: And their roots?"]
     assert all(n.status is NodeStatus.COMPLETE and n.tokens for n in tree.messages())
     stored = controller.store.load(controller.current or 0)
     assert [n.text for n in stored.messages()] == [n.text for n in tree.messages()]
     report = controller.replies.last_reply
     assert report is not None and report.reused_tokens + report.decoded_tokens == \
         report.prompt_tokens
+    assert report.reused_tokens > 0  # the second prompt began with the first conversation
 
     second = tree.message(2).id
     controller.delete_branch(second)
@@ -83,7 +89,8 @@ def test_a_store_that_refuses_a_message_leaves_the_controller_as_it_was(
 
 
 def test_a_refused_reply_node_starts_no_request(
-    qtbot: QtBot, controller: ChatController, monkeypatch: pytest.MonkeyPatch
+    qtbot: QtBot, controller: ChatController, monkeypatch: pytest.MonkeyPatch,
+    fake_engine: Script
 ) -> None:
     """The reply node is saved before the engine hears of it: if that save fails, the user
     message stays (it was saved) and nothing is sent to the engine."""
@@ -101,6 +108,7 @@ def test_a_refused_reply_node_starts_no_request(
     assert controller.replies.streaming is None
     assert [n.role for n in controller.tree.messages()] == [Role.USER]
     assert controller.tree.node(controller.tree.active_leaf).role is Role.USER
+    assert not any(isinstance(r, GenerateRequest) for r in fake_engine.requests)
 
 
 def test_every_action_is_in_one_table_with_unique_names_and_keys() -> None:

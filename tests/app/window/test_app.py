@@ -1,4 +1,6 @@
-"""The real main window, driven like a user would, on a real engine with a tiny model."""
+"""The real main window, driven like a user would: on the scripted fake engine for what the
+window does with the engine's events, and on a real engine process with a tiny model for a real
+reply, a real stop and closing while it answers."""
 
 from __future__ import annotations
 
@@ -12,7 +14,8 @@ from pytestqt.qtbot import QtBot
 from app.window.main_window import MainWindow
 from engine.core.tree import NodeStatus, Role
 from engine.storage.store import Store
-from tests.app_fixtures import TIMEOUT, send
+from tests.app_fixtures import TIMEOUT, send, warnings_shown
+from tests.fake_engine import Script
 
 
 def _texts(win: MainWindow) -> list[str]:
@@ -33,28 +36,28 @@ def test_send_streams_a_reply_and_saves_it(qtbot: QtBot, window: MainWindow) -> 
 
 
 def test_edit_an_early_message_branches_and_switching_back_restores(
-    qtbot: QtBot, window: MainWindow
+    qtbot: QtBot, fake_window: MainWindow
 ) -> None:
-    send(qtbot, window, "First question")
-    send(qtbot, window, "Second question")
-    old = _texts(window)
-    first = window.tree.message(0).id
-    with qtbot.waitSignal(window.reply_finished, timeout=TIMEOUT):
-        window.controller.edit(first, "First question, edited")
-    assert _texts(window)[0] == "First question, edited"
-    row = window.chat.model().row_at(0)
+    send(qtbot, fake_window, "First question")
+    send(qtbot, fake_window, "Second question")
+    old = _texts(fake_window)
+    first = fake_window.tree.message(0).id
+    with qtbot.waitSignal(fake_window.reply_finished, timeout=TIMEOUT):
+        fake_window.controller.edit(first, "First question, edited")
+    assert _texts(fake_window)[0] == "First question, edited"
+    row = fake_window.chat.model().row_at(0)
     assert (row.variant, row.variants) == (1, 2)  # shown as < 2/2 >
-    window.controller.switch_variant(window.tree.message(0).id, 0)
-    assert _texts(window) == old
+    fake_window.controller.switch_variant(fake_window.tree.message(0).id, 0)
+    assert _texts(fake_window) == old
 
 
-def test_regenerate_keeps_the_old_reply(qtbot: QtBot, window: MainWindow) -> None:
-    send(qtbot, window, "Tell me something")
-    reply = window.tree.message(1).id
-    with qtbot.waitSignal(window.reply_finished, timeout=TIMEOUT):
-        window.controller.regenerate(reply)
-    assert len(window.tree.siblings(reply)) == 2
-    assert window.chat.model().row_at(1).variants == 2
+def test_regenerate_keeps_the_old_reply(qtbot: QtBot, fake_window: MainWindow) -> None:
+    send(qtbot, fake_window, "Tell me something")
+    reply = fake_window.tree.message(1).id
+    with qtbot.waitSignal(fake_window.reply_finished, timeout=TIMEOUT):
+        fake_window.controller.regenerate(reply)
+    assert len(fake_window.tree.siblings(reply)) == 2
+    assert fake_window.chat.model().row_at(1).variants == 2
 
 
 def test_stop_mid_reply_keeps_it_interrupted(qtbot: QtBot, window: MainWindow) -> None:
@@ -77,83 +80,104 @@ def test_stop_mid_reply_keeps_it_interrupted(qtbot: QtBot, window: MainWindow) -
     assert len(window.tree.messages()) == 2  # the same reply grew; no new sibling
 
 
-def test_rewind_and_send_starts_a_new_branch(qtbot: QtBot, window: MainWindow) -> None:
-    send(qtbot, window, "One")
-    send(qtbot, window, "Two")
-    window.controller.rewind(window.tree.message(1).id)
-    send(qtbot, window, "Two, differently")
-    assert _texts(window)[2] == "Two, differently"
-    assert len(window.tree.siblings(window.tree.message(2).id)) == 2
+def test_rewind_and_send_starts_a_new_branch(qtbot: QtBot, fake_window: MainWindow) -> None:
+    send(qtbot, fake_window, "One")
+    send(qtbot, fake_window, "Two")
+    fake_window.controller.rewind(fake_window.tree.message(1).id)
+    send(qtbot, fake_window, "Two, differently")
+    assert _texts(fake_window)[2] == "Two, differently"
+    assert len(fake_window.tree.siblings(fake_window.tree.message(2).id)) == 2
 
 
-def test_fork_delete_and_undo(qtbot: QtBot, window: MainWindow) -> None:
-    send(qtbot, window, "Root question")
-    original = window.current
-    window.controller.fork(window.tree.message(1).id)
-    assert window.current != original
-    assert _texts(window)[0] == "Root question"
-    assert len(window.store.list()) == 2
-    window.controller.delete_conversation(window.current)
-    assert len(window.store.list()) == 1
-    window.controller.undo()
-    assert len(window.store.list()) == 2
+def test_fork_delete_and_undo(qtbot: QtBot, fake_window: MainWindow) -> None:
+    send(qtbot, fake_window, "Root question")
+    original = fake_window.current
+    fake_window.controller.fork(fake_window.tree.message(1).id)
+    assert fake_window.current != original
+    assert _texts(fake_window)[0] == "Root question"
+    assert len(fake_window.store.list()) == 2
+    fake_window.controller.delete_conversation(fake_window.current)
+    assert len(fake_window.store.list()) == 1
+    fake_window.controller.undo()
+    assert len(fake_window.store.list()) == 2
 
-    window.controller.open_conversation(original)
-    reply = window.tree.message(1).id
-    window.controller.delete_branch(reply)
-    assert len(window.tree.messages()) == 1
-    window.controller.undo()
-    assert window.tree.message(1).id == reply
-    with Store(window.store.path) as other:
+    fake_window.controller.open_conversation(original)
+    reply = fake_window.tree.message(1).id
+    fake_window.controller.delete_branch(reply)
+    assert len(fake_window.tree.messages()) == 1
+    fake_window.controller.undo()
+    assert fake_window.tree.message(1).id == reply
+    with Store(fake_window.store.path) as other:
         assert len(other.load(original).messages()) == 2
 
 
 def test_clicking_a_node_in_the_tree_panel_activates_its_branch(
-    qtbot: QtBot, window: MainWindow
+    qtbot: QtBot, fake_window: MainWindow
 ) -> None:
-    send(qtbot, window, "Alpha")
-    first_reply = window.tree.message(1).id
-    with qtbot.waitSignal(window.reply_finished, timeout=TIMEOUT):
-        window.controller.edit(window.tree.message(0).id, "Beta")
-    assert first_reply not in [n.id for n in window.tree.messages()]
-    window.tree_panel.node_clicked.emit(first_reply)
-    assert window.tree.message(1).id == first_reply
+    send(qtbot, fake_window, "Alpha")
+    first_reply = fake_window.tree.message(1).id
+    with qtbot.waitSignal(fake_window.reply_finished, timeout=TIMEOUT):
+        fake_window.controller.edit(fake_window.tree.message(0).id, "Beta")
+    assert first_reply not in [n.id for n in fake_window.tree.messages()]
+    fake_window.tree_panel.node_clicked.emit(first_reply)
+    assert fake_window.tree.message(1).id == first_reply
 
 
 def test_importing_a_rejected_file_shows_one_clear_message(
-    qtbot: QtBot, window: MainWindow, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    qtbot: QtBot, fake_window: MainWindow, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     shown: list[str] = []
     monkeypatch.setattr("app.window.main_window.QMessageBox.warning",
                         lambda _parent, _title, text: shown.append(text))
     bad = tmp_path / "broken.arbor"
     bad.write_bytes(b"PK\x03\x04 this is not a zip")
-    before = window.store.list()
-    with qtbot.waitSignal(window.files.import_finished, timeout=TIMEOUT) as finished:
-        assert window.files.import_path(bad)  # returns at once: the file is read off the GUI thread
+    before = fake_window.store.list()
+    with qtbot.waitSignal(fake_window.files.import_finished, timeout=TIMEOUT) as finished:
+        assert fake_window.files.import_path(bad)  # at once: the file is read off the GUI thread
     assert finished.args == [[]]
-    assert window.store.list() == before
+    assert fake_window.store.list() == before
     assert len(shown) == 1 and "broken.arbor was not imported" in shown[0]
     assert "Traceback" not in shown[0]
-    window.engine_used = True  # keep the fixture's engine check meaningful
-    send(qtbot, window, "still works")
+    send(qtbot, fake_window, "still works")
+    assert fake_window.tree.message(1).text == "You said: still works"
 
 
 def test_a_broken_model_keeps_the_previous_one_working(
-    qtbot: QtBot, window: MainWindow, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    qtbot: QtBot, fake_window: MainWindow, fake_engine: Script, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch
 ) -> None:
     shown: list[str] = []
     monkeypatch.setattr("app.window.main_window.QMessageBox.warning",
                         lambda _parent, _title, text: shown.append(text))
-    broken = tmp_path / "broken.gguf"
-    broken.write_bytes(b"GGUF" + b"\0" * 100)
-    with qtbot.waitSignal(window.model_failed, timeout=TIMEOUT):
-        window.models.load_model(str(broken))
-    assert shown and "broken.gguf" in shown[0]
-    send(qtbot, window, "Are you there?")
-    assert window.tree.message(1).text
+    loaded = fake_window.replies.model
+    broken = str(tmp_path / "broken.gguf")
+    fake_engine.failing_models[broken] = "the file is not a GGUF model"
+    with qtbot.waitSignal(fake_window.model_failed, timeout=TIMEOUT):
+        fake_window.models.load_model(broken)
+    assert len(shown) == 1 and "the file is not a GGUF model" in shown[0]
+    assert fake_window.replies.model is loaded
+    send(qtbot, fake_window, "Are you there?")
+    assert fake_window.tree.message(1).text == "You said: Are you there?"
 
 
+def test_a_reply_that_fails_keeps_what_it_said_and_says_why(
+    qtbot: QtBot, fake_window: MainWindow, fake_engine: Script, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shown = warnings_shown(monkeypatch)
+    fake_engine.reply_failure = "the engine ran out of memory"
+    send(qtbot, fake_window, "Hello there")
+    reply = fake_window.tree.message(1)
+    assert reply.status is NodeStatus.INTERRUPTED and reply.text == "You"  # its first word
+    assert shown == ["the engine ran out of memory"]
+    assert fake_window.send_button.text() == "Send" and fake_window.replies.streaming is None
+    fake_engine.reply_failure = None
+    with qtbot.waitSignal(fake_window.reply_finished, timeout=TIMEOUT):
+        fake_window.actions_by_name["continue"].trigger()
+    assert reply.status is NodeStatus.COMPLETE and reply.text == "You You said: Hello there"
+    assert len(fake_window.tree.messages()) == 2  # the same reply grew
+
+
+@pytest.mark.engine_process  # the app's own window: its default engine is a process
 def test_closing_while_answering_saves_the_partial_reply(
     qtbot: QtBot, tmp_path: Path, tiny_models: dict[str, Path]
 ) -> None:

@@ -23,6 +23,7 @@ from app.chat.message_delegate import MessageDelegate
 from app.window.main_window import MainWindow
 from engine.core.tree import Role, Tree
 from engine.storage.store import Store
+from tests.fake_engine import Script, in_process_client
 
 log = logging.getLogger(__name__)
 
@@ -74,13 +75,14 @@ def _big_tree() -> tuple[Tree, list[int]]:
 
 @pytest.fixture
 def big(
-    qtbot: QtBot, tmp_path: Path, counts: dict[str, int]
+    qtbot: QtBot, tmp_path: Path, counts: dict[str, int], monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[tuple[MainWindow, list[int]]]:
     """After `counts`: the delegate must be made with the counting methods in place."""
     store = Store(tmp_path / "c.db")
     tree, users = _big_tree()
     store.create(tree, title="Long")
-    win = MainWindow(store=store)  # opens the newest conversation; no model is needed
+    # Opens the newest conversation; no model is needed, so no engine process either.
+    win = MainWindow(store=store, engine=in_process_client(monkeypatch, Script()))
     qtbot.addWidget(win)
     win.resize(1200, 800)
     win.show()

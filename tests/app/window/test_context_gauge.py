@@ -11,36 +11,40 @@ from app.window.main_window import MainWindow
 from engine.core.overflow import Overflow
 from engine.core.tree import Node, Role
 from tests.app_fixtures import send
+from tests.fake_engine import Script
 
 
-def test_the_gauge_counts_the_branchs_tokens_exactly(qtbot: QtBot, window: MainWindow) -> None:
-    send(qtbot, window, "Hello there")
-    qtbot.waitUntil(lambda: all(n.tokens is not None for n in window.tree.active_path()),
+def test_the_gauge_counts_the_branchs_tokens_exactly(qtbot: QtBot, fake_window: MainWindow) -> None:
+    send(qtbot, fake_window, "Hello there")
+    qtbot.waitUntil(lambda: all(n.tokens is not None for n in fake_window.tree.active_path()),
                     timeout=60_000)
-    window.context_gauge.update()
-    model = window.replies.model
+    fake_window.context_gauge.update()
+    model = fake_window.replies.model
     assert model is not None
-    expected = sum(len(n.tokens or ()) for n in window.tree.active_path())
-    bar = window.context_bar
+    expected = sum(len(n.tokens or ()) for n in fake_window.tree.active_path())
+    bar = fake_window.context_bar
     assert (bar.value(), bar.maximum()) == (expected, model.n_ctx)
     assert bar.format() == f"context {expected:,} / {model.n_ctx:,}" and expected > 0
     assert "may not fit" not in bar.toolTip()
     # A message not rendered yet is estimated, and the gauge says so.
-    window.controller.conversation.tree.add_child(window.tree.active_leaf, Role.USER,
+    fake_window.controller.conversation.tree.add_child(fake_window.tree.active_leaf, Role.USER,
                                                   "x" * 300)
-    window.context_gauge.update()
+    fake_window.context_gauge.update()
     assert bar.format().startswith("context about ") and bar.value() == expected + 100
 
 
-def test_the_gauge_warns_before_the_context_is_full(qtbot: QtBot, window: MainWindow) -> None:
-    model = window.replies.model
+def test_the_gauge_warns_before_the_context_is_full(
+    qtbot: QtBot, fake_window: MainWindow, fake_engine: Script
+) -> None:
+    fake_engine.reply = lambda prompt, _seed: " ".join([prompt] * 4)  # a long reply
+    model = fake_window.replies.model
     assert model is not None
-    window.replies.model = replace(model, n_ctx=64)  # a tiny context: one message fills it
-    send(qtbot, window, "A message long enough to fill most of a tiny context, surely.")
-    window.context_gauge.update()
-    fill = window.context_gauge.fill
+    fake_window.replies.model = replace(model, n_ctx=64)  # a tiny context: one message fills it
+    send(qtbot, fake_window, "A message long enough to fill most of a tiny context, surely.")
+    fake_window.context_gauge.update()
+    fill = fake_window.context_gauge.fill
     assert fill is not None and fill.tokens >= WARN_AT * 64 and fill.warn
-    assert "may not fit" in window.context_bar.toolTip()
+    assert "may not fit" in fake_window.context_bar.toolTip()
 
 
 def test_unrendered_text_is_estimated_from_its_length() -> None:

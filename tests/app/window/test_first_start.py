@@ -64,6 +64,7 @@ def test_logs_go_to_a_rotating_file_and_native_crashes_next_to_it(tmp_path: Path
     assert "Fatal Python error: Aborted" in (logs / "crash.log").read_text()
 
 
+@pytest.mark.engine_process
 def test_the_engine_process_writes_its_stderr_to_its_log_file(tmp_path: Path) -> None:
     log = tmp_path / "engine.log"
     engine = EngineProcess(log_file=log)
@@ -74,16 +75,22 @@ def test_the_engine_process_writes_its_stderr_to_its_log_file(tmp_path: Path) ->
     assert "Fatal Python error: Aborted" in log.read_text()
 
 
-def test_help_opens_the_log_folder(qtbot: QtBot, window: MainWindow,
+def test_help_opens_the_log_folder(qtbot: QtBot, fake_window: MainWindow,
                                    monkeypatch: pytest.MonkeyPatch,
                                    _arbor_home: Path) -> None:
     opened: list[QUrl] = []
     monkeypatch.setattr("app.window.main_window.QDesktopServices.openUrl",
                         lambda url: opened.append(url) or True)
-    window.actions_by_name["log_folder"].trigger()
+    fake_window.actions_by_name["log_folder"].trigger()
     assert [url.toLocalFile() for url in opened] == [str(_arbor_home / "logs")]
 
 
+# The self-test is the app itself (a fake_window, its engine process, the bundled model), in a
+# child process: no fixture says so.
+@pytest.mark.model
+@pytest.mark.window
+@pytest.mark.engine_process
+@pytest.mark.slow
 def test_the_self_test_passes_on_the_bundled_model(tmp_path: Path) -> None:
     env = {**os.environ, "QT_QPA_PLATFORM": "offscreen", "ARBOR_HOME": str(tmp_path)}
     done = subprocess.run([sys.executable, "-m", "app.window.main", "--self-test"], cwd=ROOT,

@@ -21,6 +21,9 @@ from engine.api.guard import ConnectionLimits
 from engine.api.server import Server
 from tests.engine.api.test_api_server import TIMEOUT, ask, chat, serving
 
+# `serving` runs the API on its own engine process.
+pytestmark = pytest.mark.engine_process
+
 HEAD = (b"POST /v1/chat/completions HTTP/1.1\r\nhost: 127.0.0.1\r\n"
         b"content-type: application/json\r\n")
 DRIP_EVERY_S = 0.1  # well under the deadlines the tests set: each connection stays "active"

@@ -27,6 +27,9 @@ from engine.config.settings import Settings
 from engine.core.tree import NodeStatus, Role
 from engine.storage.store import Store
 
+# `serving` runs the API on its own engine process.
+pytestmark = pytest.mark.engine_process
+
 ROOT = Path(__file__).resolve().parents[3]
 TIMEOUT = 240.0  # a hang guard, not a speed claim
 SETTINGS = Settings(n_ctx=1024, max_tokens=12)

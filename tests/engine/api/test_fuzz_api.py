@@ -24,6 +24,9 @@ from engine.config.settings import Settings
 from tests.engine.api.test_api_server import TIMEOUT, serving
 from tests.engine.config.test_fuzz_settings import json_values
 
+# `serving` runs the API on its own engine process.
+pytestmark = pytest.mark.engine_process
+
 FUZZ = settings(max_examples=400, deadline=None,
                 suppress_health_check=[HealthCheck.function_scoped_fixture,
                                        HealthCheck.too_slow])

@@ -17,9 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from engine.core.tree import NodeStatus
 from engine.storage.store import Store
+
+# `arbor serve` in a child process, and its engine process under it (no fixture says so).
+pytestmark = pytest.mark.engine_process
 
 ROOT = Path(__file__).resolve().parents[3]
 TIMEOUT = 240.0  # a hang guard, not a speed claim

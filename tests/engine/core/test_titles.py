@@ -26,20 +26,20 @@ def test_the_title_is_the_first_line_with_words_cut_at_a_word(text: str, title: 
 
 
 def test_the_first_message_names_the_conversation_and_a_chosen_name_stays(
-    qtbot: QtBot, window: MainWindow
+    qtbot: QtBot, fake_window: MainWindow
 ) -> None:
-    c = window.controller
+    c = fake_window.controller
     c.new_conversation()
     first = c.current
-    assert first is not None and window.store.title(first) == NEW_TITLE
-    send(qtbot, window, "How do deltas form?\nAnd why there?")
-    assert window.store.title(first) == "How do deltas form?"
-    send(qtbot, window, "Something else entirely")
-    assert window.store.title(first) == "How do deltas form?"
+    assert first is not None and fake_window.store.title(first) == NEW_TITLE
+    send(qtbot, fake_window, "How do deltas form?\nAnd why there?")
+    assert fake_window.store.title(first) == "How do deltas form?"
+    send(qtbot, fake_window, "Something else entirely")
+    assert fake_window.store.title(first) == "How do deltas form?"
     assert "How do deltas form?" in [info.title for info in c.listing()[0]]
     c.new_conversation()
     second = c.current
     assert second is not None
     c.rename(second, "Mine")
-    send(qtbot, window, "A question")
-    assert window.store.title(second) == "Mine"
+    send(qtbot, fake_window, "A question")
+    assert fake_window.store.title(second) == "Mine"

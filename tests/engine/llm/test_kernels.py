@@ -37,6 +37,9 @@ from engine.service.protocol import Crash, CrashKind
 from tests import engine_faults
 from tests.app_fixtures import TIMEOUT, destroy, open_window, send, warnings_shown
 
+# Kernel faults are engine processes that crash: several tests start them without a fixture.
+pytestmark = pytest.mark.engine_process
+
 ROOT = Path(__file__).resolve().parents[3]
 PORTABLE = Backends(portable=True, cpu_variant="zen4")
 
@@ -70,6 +73,7 @@ def test_this_build_loads_the_best_portable_cpu_library_for_this_cpu() -> None:
         assert features.get("AVX512") == "1"
 
 
+@pytest.mark.model  # the bundled model, in the child process
 def test_arbor_engine_kernels_reports_what_runs_and_decodes_in_its_own_process() -> None:
     done = subprocess.run(
         [sys.executable, "-m", "engine", "kernels", "--prompt", "40", "--generate", "4"],

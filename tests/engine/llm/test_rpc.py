@@ -40,9 +40,13 @@ STEPS: list[dict[str, Any]] = [
     {"op": "send", "text": "And which is the shortest?", "max_tokens": 24},
 ]
 
-pytestmark = pytest.mark.skipif(
-    not build_supports_rpc(),
-    reason="this llama-cpp-python build has no RPC backend (`make` builds it with RPC on)")
+pytestmark = [
+    pytest.mark.skipif(
+        not build_supports_rpc(),
+        reason="this llama-cpp-python build has no RPC backend (`make` builds it with RPC on)"),
+    # Layers on RPC workers run in an engine process (a dying worker aborts its process).
+    pytest.mark.engine_process,
+]
 
 
 class Workers:

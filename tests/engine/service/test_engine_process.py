@@ -34,6 +34,9 @@ from engine.service.protocol import (
 from engine.storage.transfer import FileFormat
 from tests.app_fixtures import TIMEOUT, process_gone, send, warnings_shown
 
+# Engine processes started, crashed and killed, several without a fixture.
+pytestmark = pytest.mark.engine_process
+
 ROOT = Path(__file__).resolve().parents[3]
 LONG = " ".join(f"Line {i}: the river carries silt to the delta and the sea." for i in range(120))
 

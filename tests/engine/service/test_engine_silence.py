@@ -28,6 +28,9 @@ from engine.service.process import EngineProcess
 from engine.service.protocol import EXIT_UNREADABLE, EngineDied, EngineStarted
 from tests.app_fixtures import TIMEOUT, process_gone, send, warnings_shown
 
+# Every test here starts an engine process itself, most without a fixture that says so.
+pytestmark = pytest.mark.engine_process
+
 SILENCE_S = 5.0  # short, so the tests do not wait long; a stopped engine is silent for ever
 
 

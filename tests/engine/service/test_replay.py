@@ -237,6 +237,7 @@ def test_every_operation_replays_and_equals_a_full_reprocess(
         assert "And how old can it get?" in [n.text for n in tree.nodes()]
 
 
+@pytest.mark.engine_process
 @pytest.mark.parametrize("kind", [MemoryKind.DENSE, MemoryKind.HYBRID], ids=lambda k: k.value)
 def test_the_engine_process_replays_every_operation_as_the_engine_in_process_does(
     kind: MemoryKind, tiny_models: dict[str, Path], tmp_path: Path

@@ -13,6 +13,8 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from engine.core.tree import NodeStatus, Role
 from engine.storage.store import Store
 
@@ -20,6 +22,7 @@ ROOT = Path(__file__).resolve().parents[3]
 TRIALS = 200
 
 
+@pytest.mark.slow  # a minute: TRIALS writer processes killed at random moments
 def test_sigkill_at_random_moments_never_loses_or_half_writes(tmp_path: Path) -> None:
     db = tmp_path / "crash.db"
     rng = random.Random(1234)
