@@ -298,13 +298,16 @@ class PromptBuilder:
         if later.startswith(last):
             return None  # rendered alike whatever follows it
         before = self._render_messages(path)
+        # Where the reply starts: after `path`'s rendering, or after its rewritten turns when
+        # the reply before this one was rendered as the last message in `before` (two
+        # replies in a row), as `_node_text` finds a node after rewritten turns.
+        start = len(before) if later.startswith(before) else _kept_tail_end(before, later)
         end = _kept_tail_end(last, later)
-        if (end is None or not later.startswith(before) or end < len(before)
-                or _SENTINEL not in later[end:]):
+        if start is None or end is None or end < start or _SENTINEL not in later[end:]:
             log.warning("chat template rewrites a reply in later turns in a way not found; "
                         "the reply keeps its tokens as the model read them")
             return None
-        return later[len(before):end]
+        return later[start:end]
 
     def generation_prompt_text(self, path: Sequence[Node]) -> str:
         """What the template adds after `path` for the reply to start."""

@@ -8,7 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from engine.core.errors import Cancelled
@@ -206,6 +206,10 @@ _TEXTS = st.one_of(
 @given(name=st.sampled_from(sorted(TEMPLATES)), system=st.sampled_from(["", "S", " S\n"]),
        messages=st.lists(st.tuples(_ROLES, _TEXTS), min_size=0, max_size=14),
        tokenized=st.integers(min_value=0, max_value=4))
+@example(name="reasoning", system="S", tokenized=0,  # two replies in a row, the later form
+         messages=[(Role.ASSISTANT, ""), (Role.ASSISTANT, ""), (Role.USER, ""),
+                   (Role.ASSISTANT, ""), (Role.ASSISTANT, ""), (Role.USER, ""),
+                   (Role.USER, "")])
 def test_tiling_never_changes_a_token(name: str, system: str,
                                       messages: list[tuple[Role, str]], tokenized: int) -> None:
     """Whatever the template, roles and texts, and however many nodes have tokens already:
