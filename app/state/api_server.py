@@ -41,19 +41,24 @@ from engine.api.trees import ApiTrees
 from engine.api.worker import ApiWorker, Begun, Preempted
 from engine.config.params import SamplingParams
 from engine.config.settings import Settings
-from engine.core.errors import ArborError, Cancelled, ContextOverflowError
-from engine.core.results import FinishReason, NodeView, ReplyReport, ReplyResult
+from engine.core.errors import Cancelled, EngineCrashed
+from engine.core.results import (
+    FinishReason,
+    NodeView,
+    ReplyFailure,
+    ReplyReport,
+    ReplyResult,
+    Stopped,
+)
 from engine.core.tree import Node
 from engine.llm.reply import CancelFn, PieceFn
-from engine.service.client import EngineCrashed
 from engine.service.protocol import (
     EngineDied,
     Event,
-    Failed,
+    Finished,
     GenerateRequest,
     ModelLoaded,
     Piece,
-    ReplyDone,
 )
 
 if TYPE_CHECKING:
@@ -200,19 +205,18 @@ class WindowEngine:
                 match event:
                     case Piece():
                         on_piece(event.text)
-                    case ReplyDone():
+                    case Finished():
                         ended = True
-                        if (self._preempted
-                                and event.result.report.finish is FinishReason.CANCELLED):
-                            raise Preempted(PREEMPTED)  # stopped after its first words
-                        return event.result
-                    case Failed():
-                        ended = True
-                        if not event.message:
-                            raise Preempted(PREEMPTED) if self._preempted else Cancelled()
-                        if event.overflow is not None:
-                            raise ContextOverflowError(*event.overflow)
-                        raise ArborError(event.message)
+                        match event.outcome:
+                            case ReplyResult() as result:
+                                if (self._preempted
+                                        and result.report.finish is FinishReason.CANCELLED):
+                                    raise Preempted(PREEMPTED)  # stopped after its first words
+                                return result
+                            case Stopped():
+                                raise Preempted(PREEMPTED) if self._preempted else Cancelled()
+                            case ReplyFailure() as failure:
+                                raise failure.error()
                     case EngineDied():
                         raise EngineCrashed(f"the engine process ended: {event.describe()}")
                     case _:

@@ -24,23 +24,21 @@ from engine.core.conversation import Change, ReplyStart
 from engine.core.errors import ArborError
 from engine.core.overflow import Overflow
 from engine.core.reasoning import OPENED, is_opened
-from engine.core.results import NodeView, Rendered, ReplyReport, ReplyResult
+from engine.core.results import NodeView, Rendered, ReplyReport, ReplyResult, Stopped
 from engine.core.tree import Node
 from engine.service.protocol import (
     EngineDied,
     EngineStarted,
     ExportDone,
     ExportRequest,
-    Failed,
+    Finished,
     GenerateRequest,
     LoadFailed,
     LoadProgress,
     LoadRequest,
     ModelLoaded,
     Piece,
-    Plan,
     Progress,
-    ReplyDone,
     Request,
     StoreUsage,
     TemplateChanged,
@@ -130,7 +128,6 @@ class Replies(QObject):
         self._exports: list[str] = []  # session files the engine is writing (their paths)
         self._request_ids = itertools.count(1)
         self._sink: StoreSink | None = None
-        self._plan: Plan | None = None
         self.prepare_started = 0.0  # when the reply in progress was sent (monotonic)
         self._warmed_path: tuple[int, ...] | None = None  # what the last warm-up prepared
         self._warm_timer = QTimer(self, singleShot=True, interval=WARM_DELAY_MS)
@@ -197,7 +194,6 @@ class Replies(QObject):
         request_id = next(self._request_ids)
         self.streaming = Streaming(request_id, conversation_id, start, time.monotonic())
         self._sink = StoreSink(controller.store, conversation_id)
-        self._plan = None
         self._warm_timer.stop()
         self._warmed_path = None
         self.claiming.emit()  # at once: an API reply's stop goes out before this request
@@ -236,13 +232,8 @@ class Replies(QObject):
                 self._on_piece(event)
             case Progress():
                 self._on_progress(event)
-            case Plan():
-                if self._mine(event.request_id) is not None:
-                    self._plan = event
-            case ReplyDone():
-                self._on_reply(event)
-            case Failed():
-                self._on_failed(event)
+            case Finished():
+                self._on_finished(event)
             case Warmed():
                 self._on_warmed(event)
             case StoreUsage():
@@ -340,15 +331,7 @@ class Replies(QObject):
     def _on_progress(self, progress: Progress) -> None:
         if self._mine(progress.request_id) is None:
             return
-        self.preparing.emit(progress.done, progress.total, self.plan_text(progress.total))
-
-    def plan_text(self, total: int) -> str:
-        plan = self._plan
-        if plan is None or plan.source == "none":
-            return f"Reading the conversation from the start: {total:,} tokens"
-        where = "restored checkpoint" if plan.source == "checkpoint" else "kept the cache"
-        return (f"{where} at {plan.reused_tokens:,} of {plan.prompt_tokens:,} tokens, "
-                f"decoding {plan.prompt_tokens - plan.reused_tokens:,}")
+        self.preparing.emit(progress.done, progress.total, progress.reuse.describe())
 
     @property
     def last_reply(self) -> ReplyReport | None:
@@ -376,32 +359,37 @@ class Replies(QObject):
         if piece.conversation_id == self.controller.current:
             self.piece_shown.emit(node.id, node.text, node.status.value, is_opened(node.meta))
 
-    def _on_reply(self, done: ReplyDone) -> None:
-        if self._mine(done.request_id) is None:
-            return
-        self.last_result = done.result
-        conversation = self.controller.conversations.get(done.conversation_id)
-        if conversation is not None and done.reply_id in conversation.tree:
-            result = replace(done.result, rendered=_local(done.result.rendered))
-            change = conversation.finish_reply(done.reply_id, result)
-            self.controller.save(done.conversation_id, change.nodes, change.deleted)
-        self.report.emit(done.result.report)
-        self._end_reply()
-
-    def _on_failed(self, failed: Failed) -> None:
-        streaming = self._mine(failed.request_id)
+    def _on_finished(self, finished: Finished) -> None:
+        streaming = self._mine(finished.request_id)
         if streaming is None:
+            return
+        outcome = finished.outcome
+        if isinstance(outcome, ReplyResult):
+            self._on_reply(finished, outcome)
             return
         self.interrupt(streaming)
         self._end_reply()
-        message = failed.message
+        if isinstance(outcome, Stopped):
+            self.reply_failed.emit("")
+            return
+        message = outcome.message
         settings = self.controller.overrides(streaming.conversation_id).apply(
             self.controller.settings)
-        if failed.overflow is not None and settings.overflow is Overflow.STOP:
+        if outcome.overflow is not None and settings.overflow is Overflow.STOP:
             message += (". Or let Arbor leave the oldest messages out when the context is "
                         "full: Edit > Conversation settings, or Settings for every "
                         "conversation.")
         self.reply_failed.emit(message)
+
+    def _on_reply(self, done: Finished, result: ReplyResult) -> None:
+        self.last_result = result
+        conversation = self.controller.conversations.get(done.conversation_id)
+        if conversation is not None and done.reply_id in conversation.tree:
+            local = replace(result, rendered=_local(result.rendered))
+            change = conversation.finish_reply(done.reply_id, local)
+            self.controller.save(done.conversation_id, change.nodes, change.deleted)
+        self.report.emit(result.report)
+        self._end_reply()
 
     def interrupt(self, streaming: Streaming) -> None:
         """Keep what a reply said as interrupted (it can be continued), or take it back."""

@@ -22,11 +22,10 @@ from typing import Protocol
 from engine.api.schema import ApiError, ChatRequest, Usage
 from engine.api.stops import StopScanner
 from engine.config.params import SamplingParams
-from engine.core.errors import ArborError, Cancelled, ContextOverflowError
+from engine.core.errors import ArborError, Cancelled, ContextOverflowError, EngineCrashed
 from engine.core.results import FinishReason, ReplyReport, ReplyResult
 from engine.core.tree import Node
 from engine.llm.reply import CancelFn, PieceFn
-from engine.service.client import EngineCrashed
 from engine.service.protocol import ModelLoaded
 
 log = logging.getLogger(__name__)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
+from engine.core.errors import ArborError, ContextOverflowError, EngineCrashed, KernelsCrashed
 from engine.core.tree import Node, Role
 
 if TYPE_CHECKING:
@@ -30,6 +31,25 @@ class FinishReason(StrEnum):
     LENGTH = "length"  # max_tokens reached
     CONTEXT_FULL = "context_full"  # no room left in the context
     CANCELLED = "cancelled"
+
+
+@dataclass(frozen=True)
+class Reuse:
+    """What a prepare reuses and from where, fixed before it decodes anything: what a
+    progress bar says, and the first half of a reply's figures (`ReplyReport.reuse`)."""
+
+    prompt_tokens: int
+    reused_tokens: int
+    source: Source
+    checkpoint_pos: int | None  # the restored checkpoint's last position
+
+    def describe(self) -> str:
+        """What the prepare reuses, for a person watching it decode."""
+        if self.source is Source.NONE:
+            return f"Reading the conversation from the start: {self.prompt_tokens:,} tokens"
+        where = "restored checkpoint" if self.source is Source.CHECKPOINT else "kept the cache"
+        return (f"{where} at {self.reused_tokens:,} of {self.prompt_tokens:,} tokens, "
+                f"decoding {self.prompt_tokens - self.reused_tokens:,}")
 
 
 @dataclass(frozen=True)
@@ -80,6 +100,10 @@ class ReplyReport:
     finish: FinishReason | None = None
     dropped: int = 0  # messages left out of the prompt (engine.core.overflow)
 
+    @property
+    def reuse(self) -> Reuse:
+        return Reuse(self.prompt_tokens, self.reused_tokens, self.source, self.checkpoint_pos)
+
     @staticmethod
     def of_prepare(prepared: PrepareReport) -> ReplyReport:
         """The figures of a prepare alone (a warm-up); a reply adds its generation."""
@@ -126,3 +150,43 @@ class ReplyResult:
     def finish(self) -> FinishReason:
         assert self.report.finish is not None
         return self.report.finish
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """A reply stopped before it said anything (by its front end, or pre-empted). One
+    stopped after it said something is a `ReplyResult` finished as `FinishReason.CANCELLED`:
+    what it said is kept."""
+
+
+class FailureKind(StrEnum):
+    ERROR = "error"  # a user-facing error (engine.core.errors)
+    OVERFLOW = "overflow"  # the prompt did not fit the context
+    INTERNAL = "internal"  # a bug in the engine; logged there
+    ENGINE_DIED = "engine_died"  # the engine process ended under the reply
+    KERNELS = "kernels"  # it ended loading or on its first prompt: worth one more try
+
+
+@dataclass(frozen=True)
+class ReplyFailure:
+    """Why a reply failed, as a value that crosses the process boundary."""
+
+    kind: FailureKind
+    message: str
+    overflow: tuple[int, int] | None = None  # OVERFLOW: (the prompt's tokens, n_ctx)
+
+    def error(self) -> ArborError:
+        """The exception a blocking caller raises for it."""
+        match self.kind:
+            case FailureKind.OVERFLOW if self.overflow is not None:
+                return ContextOverflowError(*self.overflow)
+            case FailureKind.ENGINE_DIED:
+                return EngineCrashed(self.message)
+            case FailureKind.KERNELS:
+                return KernelsCrashed(self.message)
+        return ArborError(self.message)
+
+
+# How a reply ended: what it said (finished, or stopped after saying something), a stop
+# before it said anything, or a typed failure.
+Outcome = ReplyResult | Stopped | ReplyFailure

@@ -16,9 +16,21 @@ from typing import Any
 
 from engine.config.params import SamplingParams
 from engine.config.settings import Settings
-from engine.core.errors import ArborError, Cancelled, ContextOverflowError, ModelLoadError
+from engine.core.errors import (
+    Cancelled,
+    EngineCrashed,
+    KernelsCrashed,
+    ModelLoadError,
+)
 from engine.core.overflow import Overflow
-from engine.core.results import NodeView, Rendered, ReplyReport, ReplyResult
+from engine.core.results import (
+    NodeView,
+    Rendered,
+    ReplyFailure,
+    ReplyReport,
+    ReplyResult,
+    Stopped,
+)
 from engine.core.tree import Node
 from engine.files.paths import data_dirs
 from engine.llm.reply import CancelFn, PieceFn, ProgressFn
@@ -27,7 +39,7 @@ from engine.service.protocol import (
     EngineDied,
     EngineOptions,
     Event,
-    Failed,
+    Finished,
     ForgetRequest,
     GenerateRequest,
     LoadFailed,
@@ -35,7 +47,6 @@ from engine.service.protocol import (
     ModelLoaded,
     Piece,
     Progress,
-    ReplyDone,
     StoreUsage,
     Sync,
     Synced,
@@ -44,15 +55,6 @@ from engine.service.protocol import (
 )
 
 log = logging.getLogger(__name__)
-
-
-class EngineCrashed(ArborError):
-    """The engine process ended in the middle of a request."""
-
-
-class KernelsCrashed(EngineCrashed):
-    """It faulted loading a model or on its first prompt: the next load goes without weight
-    repacking (engine.llm.repack), so the request is worth one more try."""
 
 
 def engine_log() -> Path:
@@ -143,14 +145,14 @@ class RemoteReplier:
                 case Progress() as progress if progress.request_id == request_id:
                     if on_progress is not None:
                         on_progress(progress.done, progress.total)
-                case ReplyDone() as done if done.request_id == request_id:
-                    return done.result
-                case Failed() as failed if failed.request_id == request_id:
-                    if not failed.message:
-                        raise Cancelled()
-                    if failed.overflow is not None:
-                        raise ContextOverflowError(*failed.overflow)
-                    raise ArborError(failed.message)
+                case Finished() as finished if finished.request_id == request_id:
+                    match finished.outcome:
+                        case ReplyResult() as result:
+                            return result
+                        case Stopped():
+                            raise Cancelled()
+                        case ReplyFailure() as failure:
+                            raise failure.error()
                 case _:
                     pass
 

@@ -25,7 +25,16 @@ from engine.config.endpoints import parse_endpoint
 from engine.config.params import CheckpointOptions
 from engine.config.settings import Effect, Settings, effect_of
 from engine.core.errors import ArborError, Cancelled, ContextOverflowError
-from engine.core.results import ReplyReport, Source
+from engine.core.results import (
+    FailureKind,
+    Outcome,
+    ReplyFailure,
+    ReplyReport,
+    ReplyResult,
+    Reuse,
+    Source,
+    Stopped,
+)
 from engine.files.paths import data_dirs
 from engine.llm.generator import Generator
 from engine.llm.reply import rendered, run_reply
@@ -38,7 +47,7 @@ from engine.service.protocol import (
     Event,
     ExportDone,
     ExportRequest,
-    Failed,
+    Finished,
     ForgetRequest,
     GenerateRequest,
     LoadFailed,
@@ -46,9 +55,7 @@ from engine.service.protocol import (
     LoadRequest,
     ModelLoaded,
     Piece,
-    Plan,
     Progress,
-    ReplyDone,
     Request,
     StoreUsage,
     Sync,
@@ -281,12 +288,12 @@ class EngineService:
             self._emit(skipped)
             return
         report = ReplyReport.of_prepare(prepared) if prepared is not None else None
+        if prepared is not None:
+            generator.after_reply()  # before `Warmed`: it is the request's last event
+            self._emit_usage()
         self._emit(Warmed(request.conversation_id, request.path[-1].id,
                           generator.runtime.canonical_tokens, report,
                           rendered(path, untokenized)))
-        if prepared is not None:
-            generator.after_reply()
-            self._emit_usage()
 
     def generate(self, request: GenerateRequest) -> None:
         try:
@@ -295,16 +302,26 @@ class EngineService:
             self.control.finished(request.request_id)
 
     def _generate(self, request: GenerateRequest) -> None:
+        outcome = self._reply(request)
+        if isinstance(outcome, ReplyResult) and self._generator is not None:
+            self._generator.after_reply()  # before `Finished`: it is the request's last event
+            self._emit_usage()
+        self._emit(Finished(request.request_id, request.conversation_id, request.reply_id,
+                            outcome))
+
+    def _reply(self, request: GenerateRequest) -> Outcome:
         generator = self._generator
         if generator is None:
-            self._emit(_failed(request, "no model is loaded"))
-            return
+            return ReplyFailure(FailureKind.ERROR, "no model is loaded")
+        reuse: Reuse | None = None
 
         def on_plan(prompt: int, reused: int, source: Source, position: int | None) -> None:
-            self._emit(Plan(request.request_id, prompt, reused, source.value, position))
+            nonlocal reuse
+            reuse = Reuse(prompt, reused, source, position)
 
         def on_progress(done: int, total: int) -> None:
-            self._emit(Progress(request.request_id, done, total))
+            self._emit(Progress(request.request_id, reuse or Reuse(total, 0, Source.NONE, None),
+                                done, total))
 
         opened = False
 
@@ -317,7 +334,7 @@ class EngineService:
                              piece, opened))
 
         try:
-            result = run_reply(
+            return run_reply(
                 generator, [view.to_node() for view in request.path],
                 resume=request.resume.to_node() if request.resume is not None else None,
                 max_tokens=request.max_tokens, seed=request.seed, on_plan=on_plan,
@@ -326,22 +343,16 @@ class EngineService:
                 sampling=request.sampling, overflow=request.overflow, scope=request.scope,
             )
         except Cancelled:
-            self._emit(_failed(request, ""))
-            return
+            return Stopped()
+        except ContextOverflowError as exc:
+            return ReplyFailure(FailureKind.OVERFLOW, str(exc), (exc.prompt_tokens, exc.n_ctx))
         except ArborError as exc:
-            overflow = ((exc.prompt_tokens, exc.n_ctx)
-                        if isinstance(exc, ContextOverflowError) else None)
-            self._emit(replace(_failed(request, str(exc)), overflow=overflow))
-            return
+            return ReplyFailure(FailureKind.ERROR, str(exc))
         except Exception as exc:  # a bug: report it, never leave the front end waiting
             log.exception("the reply failed")
-            self._emit(_failed(request, f"an internal error stopped the reply "
-                                        f"({type(exc).__name__}); what was written is saved"))
-            return
-        self._emit(ReplyDone(request.request_id, request.conversation_id, request.reply_id,
-                             result))
-        generator.after_reply()
-        self._emit_usage()
+            return ReplyFailure(FailureKind.INTERNAL,
+                                f"an internal error stopped the reply ({type(exc).__name__}); "
+                                f"what was written is saved")
 
     # --- checkpoints -------------------------------------------------------------------------
 
@@ -421,7 +432,3 @@ def _options_of(settings: Settings, model: str) -> EngineOptions:
                                       ram_budget=settings.ram_budget(),
                                       disk_dir=EngineService._disk_dir(settings)),
         template=settings.template_for(model))
-
-
-def _failed(request: GenerateRequest, message: str) -> Failed:
-    return Failed(request.request_id, request.conversation_id, request.reply_id, message)

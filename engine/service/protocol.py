@@ -23,7 +23,7 @@ from engine.config.params import CheckpointOptions, RuntimeSettings, SamplingPar
 from engine.config.settings import Settings
 from engine.core.overflow import Overflow
 from engine.core.records import ConversationRecord
-from engine.core.results import NodeView, ReplyReport, ReplyResult
+from engine.core.results import NodeView, Outcome, ReplyReport, Reuse
 from engine.storage.checkpoints import Checkpoint, Identity
 
 # --- requests --------------------------------------------------------------------------------
@@ -258,21 +258,14 @@ class Warmed:
 
 
 @dataclass(frozen=True)
-class Plan:
-    """What a prepare will reuse, sent before it decodes anything."""
-
-    request_id: int
-    prompt_tokens: int
-    reused_tokens: int
-    source: str  # "live" | "checkpoint" | "none"
-    checkpoint_pos: int | None
-
-
-@dataclass(frozen=True)
 class Progress:
+    """A reply's prompt being decoded: what it reuses and from where (fixed before the first
+    token is decoded, `done` 0), and how far it has got."""
+
     request_id: int
+    reuse: Reuse
     done: int
-    total: int
+    total: int  # tokens to decode
 
 
 @dataclass(frozen=True)
@@ -285,20 +278,14 @@ class Piece:
 
 
 @dataclass(frozen=True)
-class ReplyDone:
+class Finished:
+    """A reply's last event: how it ended (`engine.core.results.Outcome`). Everything the
+    request caused (the checkpoint figures it changed included) was sent before it."""
+
     request_id: int
     conversation_id: int
     reply_id: int
-    result: ReplyResult
-
-
-@dataclass(frozen=True)
-class Failed:
-    request_id: int
-    conversation_id: int
-    reply_id: int
-    message: str  # empty when the user stopped it, else why it failed
-    overflow: tuple[int, int] | None = None  # the prompt did not fit: (its tokens, n_ctx)
+    outcome: Outcome
 
 
 @dataclass(frozen=True)
@@ -324,8 +311,7 @@ class Synced:
 
 
 Event = (EngineStarted | EngineDied | LoadProgress | ModelLoaded | LoadFailed | TemplateChanged
-         | Warmed | Plan | Progress | Piece | ReplyDone | Failed | StoreUsage | ExportDone
-         | Synced)
+         | Warmed | Progress | Piece | Finished | StoreUsage | ExportDone | Synced)
 
 __all__ = [
     "AdoptCheckpoints",
@@ -335,7 +321,7 @@ __all__ = [
     "Event",
     "ExportDone",
     "ExportRequest",
-    "Failed",
+    "Finished",
     "ForgetRequest",
     "GenerateRequest",
     "LoadFailed",
@@ -344,9 +330,7 @@ __all__ = [
     "ModelLoaded",
     "NodeView",
     "Piece",
-    "Plan",
     "Progress",
-    "ReplyDone",
     "Request",
     "StoreUsage",
     "Sync",
