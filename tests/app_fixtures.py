@@ -20,8 +20,7 @@ import engine.llm.llama as llama_layer
 from app.chat.chat_view import ChatView
 from app.chat.message_documents import MessageDocument
 from app.look.theme import fusion_light_palette
-from app.state.engine_client import EngineClient
-from app.state.engine_thread import ThreadEngine
+from app.state.engine_client import QtEngine, ThreadEngine
 from app.window.main_window import MainWindow
 from engine.config.settings import Settings
 from engine.core.tree import Tree
@@ -50,7 +49,7 @@ def engine_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 
 def open_window(qtbot: QtBot, tmp_path: Path, model: Path,
-                engine: EngineClient | None = None) -> MainWindow:
+                engine: QtEngine | None = None) -> MainWindow:
     """A shown main window on its own store, with `model` loaded."""
     win = MainWindow(store=Store(tmp_path / "conversations.db"), settings=TEST_SETTINGS,
                      engine=engine)

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -42,24 +41,16 @@ from engine.api.worker import ApiWorker, Begun, Preempted
 from engine.config.params import SamplingParams
 from engine.config.settings import Settings
 from engine.core.errors import Cancelled, EngineCrashed
-from engine.core.results import (
-    FinishReason,
-    NodeView,
-    ReplyFailure,
-    ReplyReport,
-    ReplyResult,
-    Stopped,
-)
+from engine.core.results import FinishReason, NodeView, ReplyReport, ReplyResult, Stopped
 from engine.core.tree import Node
-from engine.llm.reply import CancelFn, PieceFn
-from engine.service.protocol import (
-    EngineDied,
-    Event,
-    Finished,
-    GenerateRequest,
-    ModelLoaded,
-    Piece,
+from engine.service.client import (
+    CancelFn,
+    EngineClient,
+    PieceFn,
+    generate_request,
+    outcome_result,
 )
+from engine.service.protocol import ModelLoaded
 
 if TYPE_CHECKING:
     from engine.api.server import Server
@@ -137,7 +128,7 @@ def _shown(controller: ChatController, conversation_id: int) -> None:
 class WindowEngine:
     """The API's `EngineSide` in the app: the window's engine process, the window first."""
 
-    def __init__(self, controller: ChatController, engine: ProcessEngine,
+    def __init__(self, controller: ChatController, engine: EngineClient,
                  closing: threading.Event) -> None:
         self._controller = controller
         self._replies = controller.replies
@@ -179,54 +170,23 @@ class WindowEngine:
     def reply(self, path: Sequence[Node], *, max_tokens: int, seed: int, on_piece: PieceFn,
               cancel: CancelFn, sampling: SamplingParams, scope: str) -> ReplyResult:
         request_id = next(self._ids)
-        events: queue.Queue[Event] = queue.Queue()
         with self._lock:
             self._running, self._preempted = request_id, False
-        self._engine.tap(request_id, events.put)  # a dead engine's death comes at once
-        sent = ended = False
         try:
             if self._replies.model is None:  # died and restarted since `loaded`: reloading
                 raise EngineCrashed("the engine process ended")
-            self._engine.send(GenerateRequest(
-                request_id, -1, -1, tuple(NodeView.of(node) for node in path), None,
-                max_tokens, seed, sampling, scope=scope))  # never the window's scope
-            sent = True
-            stopped = False
-            while True:
-                if self._closing.is_set():  # the window is closing or the API going off
-                    raise Cancelled()
-                if not stopped and cancel():
-                    self._engine.stop(request_id)  # ours alone: never the window's
-                    stopped = True
-                try:
-                    event = events.get(timeout=POLL_S)
-                except queue.Empty:
-                    continue
-                match event:
-                    case Piece():
-                        on_piece(event.text)
-                    case Finished():
-                        ended = True
-                        match event.outcome:
-                            case ReplyResult() as result:
-                                if (self._preempted
-                                        and result.report.finish is FinishReason.CANCELLED):
-                                    raise Preempted(PREEMPTED)  # stopped after its first words
-                                return result
-                            case Stopped():
-                                raise Preempted(PREEMPTED) if self._preempted else Cancelled()
-                            case ReplyFailure() as failure:
-                                raise failure.error()
-                    case EngineDied():
-                        raise EngineCrashed(f"the engine process ended: {event.describe()}")
-                    case _:
-                        pass
+            outcome = self._engine.run(generate_request(
+                request_id, [NodeView.of(node) for node in path], resume=None,
+                max_tokens=max_tokens, seed=seed, sampling=sampling, scope=scope,
+            ), on_piece=on_piece, cancel=cancel, abandon=self._closing.is_set)
         finally:
-            if sent and not ended:  # closing, or the engine died: never leave it running
-                self._engine.stop(request_id)
             with self._lock:
                 self._running = None
-            self._engine.tap(request_id, None)
+        stopped = isinstance(outcome, Stopped) or (
+            isinstance(outcome, ReplyResult) and outcome.finish is FinishReason.CANCELLED)
+        if self._preempted and stopped:
+            raise Preempted(PREEMPTED)  # stopped for the window's reply
+        return outcome_result(outcome)
 
     def warm_while(self, path: Sequence[Node], idle: Callable[[], bool], scope: str
                    ) -> ReplyReport | None:
@@ -279,7 +239,7 @@ class AppApi(QObject):
         self._closing = threading.Event()
         on_gui = _OnGui(self._closing)
         on_gui.setParent(self)
-        window_engine = WindowEngine(self.controller, engine, self._closing)
+        window_engine = WindowEngine(self.controller, engine.client, self._closing)
         worker = ApiWorker(lambda: WindowTrees(self.controller, on_gui), window_engine)
         worker.start()
         try:

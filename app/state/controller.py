@@ -16,7 +16,7 @@ from typing import TypeVar
 
 from PySide6.QtCore import QObject, Signal
 
-from app.state.engine_client import EngineClient
+from app.state.engine_client import QtEngine
 from app.state.replies import Replies, global_id
 from engine.config.overrides import Overrides
 from engine.config.settings import Settings
@@ -40,7 +40,7 @@ class ChatController(QObject):
     # The current conversation was set to a model other than the one loaded: its path.
     model_wanted = Signal(str)
 
-    def __init__(self, store: Store, settings: Settings, engine: EngineClient,
+    def __init__(self, store: Store, settings: Settings, engine: QtEngine,
                  parent: QObject | None = None) -> None:
         super().__init__(parent)
         self.store = store

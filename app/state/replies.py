@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QObject, QTimer, Signal, Slot
 
-from app.state.engine_client import EngineClient
+from app.state.engine_client import QtEngine
 from engine.core.conversation import Change, ReplyStart
 from engine.core.errors import ArborError
 from engine.core.overflow import Overflow
@@ -110,7 +110,7 @@ class Replies(QObject):
     # The engine process died: what happened and what Arbor does about it, in words.
     engine_lost = Signal(str)
 
-    def __init__(self, controller: ChatController, engine: EngineClient) -> None:
+    def __init__(self, controller: ChatController, engine: QtEngine) -> None:
         super().__init__(controller)
         self.controller = controller
         self.engine = engine

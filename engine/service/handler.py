@@ -15,11 +15,9 @@ is stale stops within a chunk, so the real request waits at most that.
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Protocol
 
 from engine.config.endpoints import parse_endpoint
 from engine.config.params import CheckpointOptions
@@ -40,6 +38,7 @@ from engine.llm.generator import Generator
 from engine.llm.reply import rendered, run_reply
 from engine.llm.rpc import WorkersUnreachable
 from engine.llm.runtime import Runtime
+from engine.service.control import Control
 from engine.service.protocol import (
     AdoptCheckpoints,
     ConfigureRequest,
@@ -73,71 +72,17 @@ log = logging.getLogger(__name__)
 Emit = Callable[[Event], None]
 
 
-class Control(Protocol):
-    """What the front end can do to a request while it runs (thread- or process-safe)."""
-
-    def stop(self, request_id: int | None = None) -> None:
-        """Stop the reply of `request_id` (running or queued), or (None) whatever runs."""
-    def stop_requested(self, request_id: int | None = None) -> bool: ...
-    def clear_stop(self) -> None:
-        """A new reply is queued: a stop for no reply in particular, sent before it, was for
-        an earlier one. Called in the order of the messages (never when the reply starts,
-        which may be later than a stop sent for it)."""
-    def finished(self, request_id: int) -> None:
-        """The reply of `request_id` ended: a stop kept for it is no longer needed."""
-    def preempt(self) -> int:
-        """A real request follows: warm-ups in flight or queued become stale. Returns the
-        new epoch."""
-    def epoch(self) -> int: ...
-
-
-class ThreadControl:
-    """A `Control` for an engine on another thread of the same process."""
-
-    def __init__(self) -> None:
-        self._stop = threading.Event()
-        # Replies stopped by id: kept until the reply ends (a stop may come before its reply
-        # has started), never cleared by another reply queued after the stop.
-        self._stopped: set[int] = set()
-        self._epoch = 0
-        self._lock = threading.Lock()
-
-    def stop(self, request_id: int | None = None) -> None:
-        if request_id is None:
-            self._stop.set()
-        else:
-            with self._lock:
-                self._stopped.add(request_id)
-
-    def stop_requested(self, request_id: int | None = None) -> bool:
-        return self._stop.is_set() or (request_id is not None and request_id in self._stopped)
-
-    def clear_stop(self) -> None:
-        self._stop.clear()
-
-    def finished(self, request_id: int) -> None:
-        with self._lock:
-            self._stopped.discard(request_id)
-
-    def preempt(self) -> int:
-        with self._lock:
-            self._epoch += 1
-            return self._epoch
-
-    def epoch(self) -> int:
-        return self._epoch
-
-    def set_epoch(self, epoch: int) -> None:
-        """The front end's count, when it counts (an engine in its own process)."""
-        with self._lock:
-            self._epoch = max(self._epoch, epoch)
-
-
 class EngineService:
-    def __init__(self, emit: Emit, control: Control) -> None:
+    """The engine's request handler: `handle` takes one protocol request and reports
+    protocol events through `emit`. Any object with that method (and `close`) can stand in
+    for it behind an `engine.service.client.EngineClient` (a scripted fake, in tests)."""
+
+    def __init__(self, emit: Emit, control: Control, *,
+                 generator: Generator | None = None) -> None:
+        """`generator`: a model already loaded (a `Session` on its own runtime)."""
         self._emit = emit
         self.control = control
-        self._generator: Generator | None = None
+        self._generator: Generator | None = generator
         self._settings = Settings()
         self._path: str | None = None
 

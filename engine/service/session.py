@@ -15,12 +15,13 @@ from engine.config.params import SamplingParams
 from engine.core.conversation import Change, Conversation, ReplyJob
 from engine.core.errors import Cancelled
 from engine.core.overflow import Overflow
-from engine.core.results import Rendered, ReplyReport, ReplyResult
+from engine.core.results import NodeView, ReplyReport
 from engine.core.schedule import DEFAULT_INTERVAL
 from engine.core.tree import Node, Role, Tree, TreeError
 from engine.llm.generator import Generator
-from engine.llm.reply import PieceFn, rendered, run_reply
 from engine.llm.runtime import CancelFn, ProgressFn, Runtime
+from engine.service.client import ClientKind, EngineClient, generate_request, outcome_result
+from engine.service.handler import EngineService
 from engine.storage.checkpoints import CheckpointStore
 
 log = logging.getLogger(__name__)
@@ -49,48 +50,6 @@ class StepReport:
     node_id: int | None = None
     text: str | None = None
     report: ReplyReport | None = None
-
-
-class Replier(Protocol):
-    """Where a session's replies come from: the engine on this thread (`LocalReplier`) or
-    in a process of its own (`engine.service.client.RemoteReplier`). Either way the same
-    `engine.llm.reply` pipeline runs; only the path's copies cross a process boundary."""
-
-    def reply(self, path: Sequence[Node], *, resume: Node | None, max_tokens: int, seed: int,
-              on_progress: ProgressFn | None = None, on_piece: PieceFn | None = None,
-              cancel: CancelFn | None = None, sampling: SamplingParams | None = None,
-              overflow: Overflow = Overflow.STOP) -> ReplyResult: ...
-
-    def warm(self, path: Sequence[Node], *, max_tokens: int = 512,
-             overflow: Overflow = Overflow.STOP) -> tuple[ReplyReport | None, Rendered]:
-        """Prepare `path` (see Generator.warm): what it did, and the tokens it rendered."""
-
-    def forget(self, node_ids: Sequence[int]) -> None: ...
-
-
-class LocalReplier:
-    def __init__(self, generator: Generator) -> None:
-        self.generator = generator
-
-    def reply(self, path: Sequence[Node], *, resume: Node | None, max_tokens: int, seed: int,
-              on_progress: ProgressFn | None = None, on_piece: PieceFn | None = None,
-              cancel: CancelFn | None = None, sampling: SamplingParams | None = None,
-              overflow: Overflow = Overflow.STOP) -> ReplyResult:
-        result = run_reply(self.generator, path, resume=resume, max_tokens=max_tokens,
-                           seed=seed, on_progress=on_progress, on_piece=on_piece, cancel=cancel,
-                           sampling=sampling, overflow=overflow)
-        self.generator.after_reply()
-        return result
-
-    def warm(self, path: Sequence[Node], *, max_tokens: int = 512,
-             overflow: Overflow = Overflow.STOP) -> tuple[ReplyReport | None, Rendered]:
-        untokenized = {node.id for node in path if node.tokens is None}
-        report = self.generator.warm(path, max_tokens=max_tokens, overflow=overflow)
-        done = ReplyReport.of_prepare(report) if report is not None else None
-        return done, rendered(path, untokenized)
-
-    def forget(self, node_ids: Sequence[int]) -> None:
-        self.generator.forget(node_ids)
 
 
 @dataclass
@@ -122,12 +81,12 @@ class Session:
         checkpoint_interval: int = DEFAULT_INTERVAL,
         sink: Sink | None = None,
         template: str | None = None,
-        replier: Replier | None = None,
+        engine: EngineClient | None = None,
         overflow: Overflow = Overflow.STOP,
     ) -> None:
-        """`replier`: replies come from there (the model's settings are its business) and
-        `runtime` is None; else a generator on `runtime` with these settings. `overflow`:
-        what a reply does when the branch outgrows the context."""
+        """`engine`: replies come from there (the model's settings are its business) and
+        `runtime` is None; else an in-process engine on a generator on `runtime` with these
+        settings. `overflow`: what a reply does when the branch outgrows the context."""
         self.runtime = runtime
         self.overflow = overflow
         self.sink = sink
@@ -135,9 +94,9 @@ class Session:
         self.seed = seed
         self.use_cache = use_cache
         self.generator: Generator | None = None
-        if replier is None:
+        if engine is None:
             assert runtime is not None
-            self.generator = Generator(
+            generator = self.generator = Generator(
                 runtime,
                 sampling=sampling,
                 use_cache=use_cache,
@@ -145,8 +104,12 @@ class Session:
                 checkpoint_interval=checkpoint_interval,
                 template=template,
             )
-            replier = LocalReplier(self.generator)
-        self.replier = replier
+            engine = EngineClient.make(
+                ClientKind.IN_PROCESS,
+                handler=lambda emit, control: EngineService(emit, control, generator=generator))
+            # A session on a runtime it was given does not own it: its engine thread ends
+            # with the session (a daemon thread that waits for requests costs nothing).
+        self.engine = engine
         self._model: dict[str, Any] | None = None
 
     @property
@@ -202,8 +165,8 @@ class Session:
         """What the app does while the user reads: prepare the likely next prompt, so the
         next message decodes only itself (see Generator.warm)."""
         max_tokens = (options or GenerationOptions()).max_tokens
-        report, tokens = self.replier.warm(self.conversation.warm_path(),
-                                           max_tokens=max_tokens, overflow=self.overflow)
+        report, tokens = self.engine.warm(self.conversation.warm_path(),
+                                          max_tokens=max_tokens, overflow=self.overflow)
         self._keep(self.conversation.adopt_tokens(tokens))
         return StepReport(op="warm", node_id=self.tree.active_leaf, report=report)
 
@@ -213,7 +176,7 @@ class Session:
     def delete_branch(self, node_id: int) -> StepReport:
         change = self.conversation.delete_branch(node_id)
         report = self._apply("delete", change)
-        self.replier.forget(change.deleted)
+        self.engine.forget(change.deleted)
         return report
 
     def undo(self) -> StepReport:
@@ -283,12 +246,14 @@ class Session:
             if options.on_text:
                 options.on_text(piece)
 
+        request = generate_request(
+            self.engine.next_id(), [NodeView.of(node) for node in start.path],
+            resume=NodeView.of(start.resume) if start.resume is not None else None,
+            max_tokens=options.max_tokens, seed=seed, overflow=self.overflow)
         try:
-            result = self.replier.reply(
-                start.path, resume=start.resume, max_tokens=options.max_tokens, seed=seed,
-                on_progress=options.on_progress, on_piece=on_piece, cancel=options.cancel,
-                overflow=self.overflow,
-            )
+            result = outcome_result(self.engine.reply(
+                request, on_progress=options.on_progress, on_piece=on_piece,
+                cancel=options.cancel))
         except BaseException:
             # Tokens rendered before the failure are the nodes' own from now on: keep them.
             rendered_now = [node for node in untokenized if node.tokens is not None]

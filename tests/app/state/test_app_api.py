@@ -21,6 +21,7 @@ from app.state.engine_client import ProcessEngine
 from app.window.main_window import MainWindow
 from engine.api.trees import ApiTrees
 from engine.core.tree import NodeStatus, Role
+from engine.service.client import EngineClient
 from engine.service.protocol import GenerateRequest, Request
 from tests.app_fixtures import TIMEOUT, free_port, send, warnings_shown
 
@@ -153,7 +154,7 @@ class ApiTraffic:
     """What goes from the API to the engine: its reply sent, its reply stopped (by the
     API's worker thread, whatever the call's arguments)."""
 
-    def __init__(self, engine: ProcessEngine, monkeypatch: pytest.MonkeyPatch) -> None:
+    def __init__(self, engine: EngineClient, monkeypatch: pytest.MonkeyPatch) -> None:
         self.sent = threading.Event()
         self.stopped = threading.Event()
         send_request, stop = engine.send, engine.stop
@@ -181,7 +182,7 @@ def _api_behind_the_windows_reply(qtbot: QtBot, window: MainWindow,
     window.models.apply_settings(replace(window.settings, max_tokens=2048, seed=7))
     monkeypatch.setattr(WindowEngine, "wait_turn", lambda _self, _cancel: None)
     assert isinstance(window.engine, ProcessEngine)
-    traffic = ApiTraffic(window.engine, monkeypatch)
+    traffic = ApiTraffic(window.engine.client, monkeypatch)
     window.composer.setPlainText("A long answer, please.")
     with qtbot.waitSignal(window.text_shown, timeout=TIMEOUT):
         qtbot.keyClick(window.composer, Qt.Key.Key_Return)

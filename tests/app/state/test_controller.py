@@ -12,7 +12,7 @@ from pytestqt.qtbot import QtBot
 
 from app.look.actions import ACTIONS, TOOLBAR, Menu, Scope, shortcut_rows, spec, specs
 from app.state.controller import ChatController
-from app.state.engine_thread import ThreadEngine
+from app.state.engine_client import ThreadEngine
 from engine.core.tree import NodeStatus, Role
 from engine.storage.store import Store, StoreWriteError
 from tests.app_fixtures import TEST_SETTINGS, TIMEOUT, destroy
