@@ -168,7 +168,8 @@ class WindowEngine:
             time.sleep(POLL_S)
 
     def reply(self, path: Sequence[Node], *, max_tokens: int, seed: int, on_piece: PieceFn,
-              cancel: CancelFn, sampling: SamplingParams, scope: str) -> ReplyResult:
+              cancel: CancelFn, sampling: SamplingParams, scope: str,
+              conversation_id: int) -> ReplyResult:
         request_id = next(self._ids)
         with self._lock:
             self._running, self._preempted = request_id, False
@@ -178,6 +179,7 @@ class WindowEngine:
             outcome = self._engine.run(generate_request(
                 request_id, [NodeView.of(node) for node in path], resume=None,
                 max_tokens=max_tokens, seed=seed, sampling=sampling, scope=scope,
+                conversation_id=conversation_id,
             ), on_piece=on_piece, cancel=cancel, abandon=self._closing.is_set)
         finally:
             with self._lock:

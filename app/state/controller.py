@@ -17,7 +17,7 @@ from typing import TypeVar
 from PySide6.QtCore import QObject, Signal
 
 from app.state.engine_client import QtEngine
-from app.state.replies import Replies, global_id
+from app.state.replies import Replies
 from engine.config.overrides import Overrides
 from engine.config.settings import Settings
 from engine.core.conversation import Change, Conversation
@@ -272,7 +272,7 @@ class ChatController(QObject):
         if not self.save(cid, [], deleted=change.deleted):
             self.conversation.restore(branch)  # what the views show is what is saved
             return
-        self.replies.send(ForgetRequest(tuple(global_id(cid, i) for i in change.deleted)))
+        self.replies.send(ForgetRequest(cid, tuple(change.deleted)))
 
         def undo() -> None:
             self.open_conversation(cid)  # loaded again if it was closed since

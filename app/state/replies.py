@@ -24,8 +24,7 @@ from engine.core.conversation import Change, ReplyStart
 from engine.core.errors import ArborError
 from engine.core.overflow import Overflow
 from engine.core.reasoning import OPENED, is_opened
-from engine.core.results import NodeView, Rendered, ReplyReport, ReplyResult, Stopped
-from engine.core.tree import Node
+from engine.core.results import NodeView, ReplyReport, ReplyResult, Stopped
 from engine.service.protocol import (
     EngineDied,
     EngineStarted,
@@ -122,7 +121,7 @@ class Replies(QObject):
         self.usage: StoreUsage | None = None
         self.marks: dict[int, dict[int, str]] = {}  # conversation -> node -> "ram" | "disk"
         self.streaming: Streaming | None = None
-        self.last_result: ReplyResult | None = None  # as the engine sent it (global ids)
+        self.last_result: ReplyResult | None = None  # as the engine sent it
         self.editing: int | None = None  # the message being edited in place, if any
         self._pending_edit: PendingEdit | None = None  # submitted during a reply
         self._exports: list[str] = []  # session files the engine is writing (their paths)
@@ -201,8 +200,8 @@ class Replies(QObject):
             request_id=request_id,
             conversation_id=conversation_id,
             reply_id=start.reply.id,
-            path=tuple(_view(conversation_id, node) for node in start.path),
-            resume=_view(conversation_id, start.resume) if start.resume is not None else None,
+            path=tuple(NodeView.of(node) for node in start.path),
+            resume=NodeView.of(start.resume) if start.resume is not None else None,
             max_tokens=settings.max_tokens,
             seed=conversation.reply_seed(settings.seed),
             sampling=None if overrides.is_default else settings.sampling(),
@@ -385,8 +384,7 @@ class Replies(QObject):
         self.last_result = result
         conversation = self.controller.conversations.get(done.conversation_id)
         if conversation is not None and done.reply_id in conversation.tree:
-            local = replace(result, rendered=_local(result.rendered))
-            change = conversation.finish_reply(done.reply_id, local)
+            change = conversation.finish_reply(done.reply_id, result)
             self.controller.save(done.conversation_id, change.nodes, change.deleted)
         self.report.emit(result.report)
         self._end_reply()
@@ -429,8 +427,7 @@ class Replies(QObject):
         current = self.controller.current
         shown = self.marks.get(current) if current is not None else None
         self.marks = {}
-        for key, tier in usage.nodes:
-            cid, nid = split_id(key)
+        for cid, nid, tier in usage.nodes:
             self.marks.setdefault(cid, {})[nid] = tier
         self.model_changed.emit()
         if current is not None and self.marks.get(current) != shown:
@@ -461,14 +458,14 @@ class Replies(QObject):
                 or not self.engine.running):  # closed: the store may be closed too
             return
         path = self.controller.conversations[cid].warm_path(self.editing)
-        key = tuple(global_id(cid, node.id) for node in path)
+        key = (cid, *(node.id for node in path))
         if not path or key == self._warmed_path:
             return
         self._warmed_path = key
         self.ready.emit(0)  # a "ready" shown was about another branch
         settings = self.controller.overrides(cid).apply(self.controller.settings)
         self.engine.send(WarmRequest(self.engine.epoch(), cid,
-                                     tuple(_view(cid, node) for node in path),
+                                     tuple(NodeView.of(node) for node in path),
                                      settings.max_tokens, settings.overflow))
 
     def _on_warmed(self, warmed: Warmed) -> None:
@@ -478,7 +475,7 @@ class Replies(QObject):
         if conversation is not None:
             # What the warm-up rendered is what those nodes keep: the request that follows
             # finds them rendered (a template with the date in it cannot move them).
-            adopted = conversation.adopt_tokens(_local(warmed.rendered))
+            adopted = conversation.adopt_tokens(warmed.rendered)
             if adopted and not self.controller.save(warmed.conversation_id, adopted):
                 for node in adopted:
                     node.tokens = None
@@ -486,21 +483,3 @@ class Replies(QObject):
                 and warmed.prompt_tokens):
             self.ready.emit(warmed.prompt_tokens)
         self.warmed.emit(warmed)
-
-
-def global_id(conversation_id: int, node_id: int) -> int:
-    """A node's id for the engine: its checkpoints never collide with another conversation's."""
-    return (conversation_id << 32) | node_id
-
-
-def split_id(key: int) -> tuple[int, int]:
-    return key >> 32, key & 0xFFFFFFFF
-
-
-def _view(conversation_id: int, node: Node) -> NodeView:
-    return NodeView.of(node, id=global_id(conversation_id, node.id))
-
-
-def _local(rendered: Rendered) -> Rendered:
-    """Rendered tokens keyed by the conversation's own node ids."""
-    return tuple((split_id(key)[1], tokens) for key, tokens in rendered)

@@ -54,12 +54,14 @@ class OwnEngine:
         return self.settings.seed
 
     def reply(self, path: Sequence[Node], *, max_tokens: int, seed: int, on_piece: PieceFn,
-              cancel: CancelFn, sampling: SamplingParams, scope: str) -> ReplyResult:
+              cancel: CancelFn, sampling: SamplingParams, scope: str,
+              conversation_id: int) -> ReplyResult:
         client = self._replier
         assert client is not None
         return outcome_result(client.reply(generate_request(
             client.next_id(), [NodeView.of(node) for node in path], resume=None,
-            max_tokens=max_tokens, seed=seed, sampling=sampling, scope=scope),
+            max_tokens=max_tokens, seed=seed, sampling=sampling, scope=scope,
+            conversation_id=conversation_id),
             on_piece=on_piece, cancel=cancel))
 
     def warm_while(self, path: Sequence[Node], idle: Callable[[], bool], scope: str

@@ -66,6 +66,7 @@ class Placed:
     tree: ApiTree
     added: tuple[Node, ...]
     start: ReplyStart
+    created: bool = False  # its conversation was made for this request
 
 
 class ApiTrees:
@@ -100,15 +101,18 @@ class ApiTrees:
                 added.append(match)
             node = match
         start = conversation.start_reply(ReplyJob(node.id))
-        placed = Placed(held, tuple(added), start)
-        if held.id is not None and self._save_streaming:  # a new tree: whole, when answered
+        # Saved now when streaming replies are (a new tree too: its id names its nodes'
+        # checkpoints in the engine, shown, freed and exported with it); else when answered.
+        placed = Placed(held, tuple(added), start, created=held.id is None)
+        if self._save_streaming:
             try:
                 self._save(held, [*added, start.reply])
             except ArborError:  # the memory keeps what the store has, no more
                 _delete(tree, placed)
                 raise
         seed = conversation.reply_seed(base_seed)
-        return Begun(placed, tuple(NodeView.of(n).to_node() for n in start.path), seed)
+        return Begun(placed, tuple(NodeView.of(n).to_node() for n in start.path), seed,
+                     held.id or 0)
 
     def finish(self, begun: Begun, result: ReplyResult, cut: str | None) -> list[Node]:
         placed = _placed(begun)
@@ -134,6 +138,11 @@ class ApiTrees:
             return
         if not self._save_streaming:
             return  # nothing of this request reached the store
+        if placed.created:  # made for this request: it goes whole
+            self._open.pop(placed.tree.key, None)
+            self.store.discard(placed.tree.id)
+            self._saved(placed.tree.id)
+            return
         try:
             self._save(placed.tree, (), gone)
         except ArborError as exc:

@@ -74,6 +74,7 @@ class Begun:
     token: object  # the tree side's own handle on the reply
     path: tuple[Node, ...]  # private copies: root .. the message to answer
     seed: int
+    conversation_id: int  # the engine keys the path's checkpoints by it (0: none yet)
 
 
 class TreeSide(Protocol):
@@ -109,7 +110,8 @@ class EngineSide(Protocol):
     def base_seed(self) -> int | None: ...
 
     def reply(self, path: Sequence[Node], *, max_tokens: int, seed: int, on_piece: PieceFn,
-              cancel: CancelFn, sampling: SamplingParams, scope: str) -> ReplyResult:
+              cancel: CancelFn, sampling: SamplingParams, scope: str,
+              conversation_id: int) -> ReplyResult:
         """`scope`: the request's cache scope (ChatRequest.scope): the engine reuses only
         that scope's state, so what it reports as cached is the client's own."""
 
@@ -276,6 +278,7 @@ class ApiWorker:
             result = engine.reply(
                 begun.path, max_tokens=request.max_tokens or loaded.n_ctx, seed=begun.seed,
                 on_piece=on_piece, sampling=sampling, scope=request.scope,
+                conversation_id=begun.conversation_id,
                 cancel=lambda: job.cancelled.is_set() or stops.hit)
         except ArborError as exc:
             trees.take_back(begun)

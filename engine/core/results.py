@@ -70,14 +70,15 @@ class NodeView:
                         open_len if isinstance(open_len, int) else None,
                         prompt_len if isinstance(prompt_len, int) else None)
 
-    def to_node(self) -> Node:
-        """A private, mutable copy for the engine."""
+    def to_node(self, id: int | None = None) -> Node:
+        """A private, mutable copy for the engine (under `id`, if given)."""
         meta: dict[str, object] = {}
         if self.open_len is not None:
             meta["open_len"] = self.open_len
         if self.prompt_len is not None:
             meta["prompt_len"] = self.prompt_len
-        return Node(id=self.id, parent=None, role=self.role, text=self.text, created=0.0,
+        return Node(id=self.id if id is None else id, parent=None, role=self.role,
+                    text=self.text, created=0.0,
                     tokens=self.tokens, meta=meta)
 
 

@@ -346,9 +346,9 @@ class EngineClient:
             return None, ()
         return warmed.report, warmed.rendered
 
-    def forget(self, node_ids: Sequence[int]) -> None:
+    def forget(self, node_ids: Sequence[int], conversation_id: int = 0) -> None:
         """Free the checkpoints of deleted nodes; returns once they are freed."""
-        self.send(ForgetRequest(tuple(node_ids)))
+        self.send(ForgetRequest(conversation_id, tuple(node_ids)))
         self.sync()
 
     def sync(self) -> None:

@@ -25,7 +25,9 @@ from engine.config.settings import Effect, Settings, effect_of
 from engine.core.errors import ArborError, Cancelled, ContextOverflowError
 from engine.core.results import (
     FailureKind,
+    NodeView,
     Outcome,
+    Rendered,
     ReplyFailure,
     ReplyReport,
     ReplyResult,
@@ -33,6 +35,7 @@ from engine.core.results import (
     Source,
     Stopped,
 )
+from engine.core.tree import Node
 from engine.files.paths import data_dirs
 from engine.llm.generator import Generator
 from engine.llm.reply import rendered, run_reply
@@ -62,6 +65,8 @@ from engine.service.protocol import (
     TemplateChanged,
     Warmed,
     WarmRequest,
+    node_key,
+    node_of_key,
 )
 from engine.storage.checkpoints import CheckpointStore
 from engine.storage.formats.arbor_file import SessionCheckpoint, write_session
@@ -102,7 +107,7 @@ class EngineService:
             case AdoptCheckpoints():
                 self.adopt(request)
             case ForgetRequest():
-                self.forget(request.node_ids)
+                self.forget(request.conversation_id, request.node_ids)
             case Sync():
                 self._emit(Synced(request.token))
 
@@ -215,7 +220,7 @@ class EngineService:
         def stale() -> bool:
             return request.epoch != self.control.epoch()
 
-        path = [view.to_node() for view in request.path]
+        path = _keyed(request.conversation_id, request.path)
         untokenized = {node.id for node in path if node.tokens is None}
         try:
             prepared = generator.warm(path, cancel=stale, max_tokens=request.max_tokens,
@@ -238,7 +243,7 @@ class EngineService:
             self._emit_usage()
         self._emit(Warmed(request.conversation_id, request.path[-1].id,
                           generator.runtime.canonical_tokens, report,
-                          rendered(path, untokenized)))
+                          _local(rendered(path, untokenized))))
 
     def generate(self, request: GenerateRequest) -> None:
         try:
@@ -278,10 +283,12 @@ class EngineService:
             self._emit(Piece(request.request_id, request.conversation_id, request.reply_id,
                              piece, opened))
 
+        conversation = request.conversation_id
         try:
-            return run_reply(
-                generator, [view.to_node() for view in request.path],
-                resume=request.resume.to_node() if request.resume is not None else None,
+            result = run_reply(
+                generator, _keyed(conversation, request.path),
+                resume=(request.resume.to_node(node_key(conversation, request.resume.id))
+                        if request.resume is not None else None),
                 max_tokens=request.max_tokens, seed=request.seed, on_plan=on_plan,
                 on_progress=on_progress, on_piece=on_piece, on_opened=on_opened,
                 cancel=lambda: self.control.stop_requested(request.request_id),
@@ -298,21 +305,22 @@ class EngineService:
             return ReplyFailure(FailureKind.INTERNAL,
                                 f"an internal error stopped the reply ({type(exc).__name__}); "
                                 f"what was written is saved")
+        return replace(result, rendered=_local(result.rendered))
 
     # --- checkpoints -------------------------------------------------------------------------
 
     def export_session(self, request: ExportRequest) -> None:
         """Write the session file here: the checkpoints live with the engine, and a file of a
-        few hundred MiB should not hold the front end. Only this conversation's checkpoints go
-        (global node ids carry the conversation), and only the window's (an API client's
-        state is not the window's to give), read back from disk where spilled."""
+        few hundred MiB should not hold the front end. Only this conversation's checkpoints go,
+        read back from disk where spilled: whoever asked for them (the window, or its local
+        API for a conversation the window lists), they are the conversation's."""
         generator = self._generator
         items: list[SessionCheckpoint] = []
         if generator is not None and generator.checkpoints is not None:
             store = generator.checkpoints
             for checkpoint in store.all():
-                node = checkpoint.node_id
-                if node is None or node >> 32 != request.conversation_id or checkpoint.scope:
+                key = checkpoint.node_id
+                if key is None or node_of_key(key)[0] != request.conversation_id:
                     continue
                 loaded = store.fetch(checkpoint)
                 if loaded is not None and loaded.blob is not None:
@@ -339,9 +347,9 @@ class EngineService:
         store.enforce_budget()
         self._emit_usage()
 
-    def forget(self, node_ids: tuple[int, ...]) -> None:
+    def forget(self, conversation_id: int, node_ids: tuple[int, ...]) -> None:
         if self._generator is not None:
-            self._generator.forget(node_ids)
+            self._generator.forget(node_key(conversation_id, node) for node in node_ids)
             self._emit_usage()
 
     # --- lifetime ----------------------------------------------------------------------------
@@ -364,7 +372,8 @@ class EngineService:
         self._emit(StoreUsage(
             count=stats.count, ram_bytes=stats.ram_bytes, disk_bytes=stats.disk_bytes,
             ram_budget=stats.ram_budget,
-            nodes=tuple(sorted(store.nodes_with_checkpoints().items())),
+            nodes=tuple(sorted((*node_of_key(key), tier)
+                               for key, tier in store.nodes_with_checkpoints().items())),
             stats=tuple(asdict(stats).items()),
         ))
 
@@ -377,3 +386,13 @@ def _options_of(settings: Settings, model: str) -> EngineOptions:
                                       ram_budget=settings.ram_budget(),
                                       disk_dir=EngineService._disk_dir(settings)),
         template=settings.template_for(model))
+
+
+def _keyed(conversation_id: int, path: tuple[NodeView, ...]) -> list[Node]:
+    """The engine's copies of a request's nodes, keyed by (conversation, node)."""
+    return [view.to_node(node_key(conversation_id, view.id)) for view in path]
+
+
+def _local(keyed: Rendered) -> Rendered:
+    """Rendered tokens by the conversation's own node ids."""
+    return tuple((node_of_key(key)[1], tokens) for key, tokens in keyed)

@@ -3,8 +3,11 @@
 The engine service (`engine.service.handler`) takes one request at a time and answers with events.
 The same values serve the engine on a thread of the window's process and the engine in a
 process of its own, so every field is plain data (no callables, no open files) and this module
-loads no native library. Node ids are the front end's: the window sends global ids
-(conversation << 32 | node) so that checkpoints of different conversations never collide.
+loads no native library. A node is named by `(conversation, node)`: a request carries its
+conversation's id and its nodes' own ids, and the engine keys checkpoints by both (`node_key`,
+the one place they are packed), so checkpoints of different conversations never collide and
+every front end's (the window's, its local API's) are shown, freed and exported with their
+conversation.
 A request's `scope` says whose it is ("" the window's; the API gives each `user` one): the
 engine reuses cached state only within a scope (engine.storage.checkpoints).
 
@@ -25,6 +28,21 @@ from engine.core.overflow import Overflow
 from engine.core.records import ConversationRecord
 from engine.core.results import NodeView, Outcome, ReplyReport, Reuse
 from engine.storage.checkpoints import Checkpoint, Identity
+
+# --- node identity ---------------------------------------------------------------------------
+
+NODE_BITS = 32  # a conversation's node ids stay below 2**32
+
+
+def node_key(conversation_id: int, node_id: int) -> int:
+    """The engine's key for a node: its checkpoints'. Never crosses the boundary."""
+    return (conversation_id << NODE_BITS) | node_id
+
+
+def node_of_key(key: int) -> tuple[int, int]:
+    """(conversation, node) of a `node_key`."""
+    return key >> NODE_BITS, key & ((1 << NODE_BITS) - 1)
+
 
 # --- requests --------------------------------------------------------------------------------
 
@@ -107,8 +125,9 @@ class AdoptCheckpoints:
 
 @dataclass(frozen=True)
 class ForgetRequest:
-    """Deleted branches: free their checkpoints."""
+    """Deleted branches of a conversation: free their checkpoints."""
 
+    conversation_id: int
     node_ids: tuple[int, ...]
 
 
@@ -294,7 +313,7 @@ class StoreUsage:
     ram_bytes: int
     disk_bytes: int
     ram_budget: int
-    nodes: tuple[tuple[int, str], ...]  # node id -> "ram" | "disk"
+    nodes: tuple[tuple[int, int, str], ...]  # (conversation, node, "ram" | "disk")
     stats: tuple[tuple[str, object], ...] = ()  # CheckpointStore.stats(), every figure
 
 

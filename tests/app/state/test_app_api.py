@@ -6,6 +6,7 @@ import json
 import socket
 import threading
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -23,6 +24,7 @@ from engine.api.trees import ApiTrees
 from engine.core.tree import NodeStatus, Role
 from engine.service.client import EngineClient
 from engine.service.protocol import GenerateRequest, Request
+from engine.storage.transfer import FileFormat
 from tests.app_fixtures import TIMEOUT, free_port, send, warnings_shown
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello API"}]
@@ -300,3 +302,33 @@ def test_an_engine_that_dies_after_the_api_saw_it_loaded_answers_503_and_comes_b
     assert failed.value.status_code == 503 and "engine process ended" in str(failed.value)
     assert len(shown) == 1 and "killed" in shown[0]
     assert in_thread(qtbot, lambda: ask(url, MESSAGES)).choices[0].message.content
+
+
+def test_an_api_requests_checkpoints_are_shown_exported_and_freed_with_its_conversation(
+    qtbot: QtBot, window: MainWindow, tmp_path: Path
+) -> None:
+    """The window's API sent its nodes' ids without their conversation's: the engine kept
+    the checkpoints of API replies under ids of no conversation, so the window never showed
+    them on the API's conversation, never exported them with it, never freed them with its
+    branches."""
+    url = serve(window)
+    in_thread(qtbot, lambda: ask(url, MESSAGES))
+    cid = {info.title: info.id for info in window.controller.listing()[0]}["API: Hello API"]
+    tree = window.store.load(cid)
+    user = tree.node(tree.root.children[0])
+    branch = {user.id, *user.children}
+    # Shown: the engine's figures name the API conversation's own nodes (before the window
+    # opens it, so none of the window's warm-ups is among them).
+    qtbot.waitUntil(lambda: bool(set(window.replies.marks.get(cid, {})) & branch),
+                    timeout=TIMEOUT)
+    window.controller.open_conversation(cid)
+    window.replies._warm_timer.stop()
+    # Exported with it.
+    out = tmp_path / "api.arbor"
+    with qtbot.waitSignal(window.files.export_finished, timeout=TIMEOUT) as exported:
+        window.files.export_current(out, FileFormat.NATIVE)
+    assert exported.args[0].error is None and exported.args[0].checkpoints >= 1
+    # Freed with its branch.
+    window.controller.delete_branch(user.id)
+    qtbot.waitUntil(lambda: not set(window.replies.marks.get(cid, {})) & branch,
+                    timeout=TIMEOUT)
