@@ -37,19 +37,23 @@ from app.state.controller import ChatController
 from app.state.engine_client import ProcessEngine
 from engine.api.schema import ApiError, ChatRequest
 from engine.api.trees import ApiTrees
-from engine.api.worker import ApiWorker, Begun, Preempted
+from engine.api.worker import ApiWorker, Begun
 from engine.config.params import SamplingParams
 from engine.config.settings import Settings
-from engine.core.errors import Cancelled, EngineCrashed
-from engine.core.results import FinishReason, NodeView, ReplyReport, ReplyResult, Stopped
-from engine.core.tree import Node
-from engine.service.client import (
-    CancelFn,
-    EngineClient,
-    PieceFn,
-    generate_request,
-    outcome_result,
+from engine.core.errors import Cancelled
+from engine.core.results import (
+    FailureKind,
+    FinishReason,
+    NodeView,
+    Outcome,
+    ReplyFailure,
+    ReplyReport,
+    ReplyResult,
+    Stopped,
 )
+from engine.core.tree import Node
+from engine.llm.reply import CancelFn, PieceFn
+from engine.service.client import EngineClient, generate_request
 from engine.service.protocol import ModelLoaded
 
 if TYPE_CHECKING:
@@ -108,11 +112,9 @@ class WindowTrees:
     def begin(self, request: ChatRequest, model: str, base_seed: int | None) -> Begun:
         return self._on_gui(lambda: self._trees.begin(request, model, base_seed))
 
-    def finish(self, begun: Begun, result: ReplyResult, cut: str | None) -> list[Node]:
-        return self._on_gui(lambda: self._trees.finish(begun, result, cut))
-
-    def take_back(self, begun: Begun) -> None:
-        self._on_gui(lambda: self._trees.take_back(begun))
+    def finish(self, begun: Begun, outcome: Outcome, streamed: str, cut: str | None
+               ) -> list[Node]:
+        return self._on_gui(lambda: self._trees.finish(begun, outcome, streamed, cut))
 
     def close(self) -> None:
         pass  # the store is the window's
@@ -169,13 +171,13 @@ class WindowEngine:
 
     def reply(self, path: Sequence[Node], *, max_tokens: int, seed: int, on_piece: PieceFn,
               cancel: CancelFn, sampling: SamplingParams, scope: str,
-              conversation_id: int) -> ReplyResult:
+              conversation_id: int) -> Outcome:
+        if self._replies.model is None:  # died and restarted since `loaded`: reloading
+            return ReplyFailure(FailureKind.ENGINE_DIED, "the engine process ended")
         request_id = next(self._ids)
         with self._lock:
             self._running, self._preempted = request_id, False
         try:
-            if self._replies.model is None:  # died and restarted since `loaded`: reloading
-                raise EngineCrashed("the engine process ended")
             outcome = self._engine.run(generate_request(
                 request_id, [NodeView.of(node) for node in path], resume=None,
                 max_tokens=max_tokens, seed=seed, sampling=sampling, scope=scope,
@@ -186,9 +188,9 @@ class WindowEngine:
                 self._running = None
         stopped = isinstance(outcome, Stopped) or (
             isinstance(outcome, ReplyResult) and outcome.finish is FinishReason.CANCELLED)
-        if self._preempted and stopped:
-            raise Preempted(PREEMPTED)  # stopped for the window's reply
-        return outcome_result(outcome)
+        if self._preempted and stopped:  # stopped for the window's reply
+            return ReplyFailure(FailureKind.PREEMPTED, PREEMPTED)
+        return outcome
 
     def warm_while(self, path: Sequence[Node], idle: Callable[[], bool], scope: str
                    ) -> ReplyReport | None:

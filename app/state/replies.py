@@ -9,10 +9,12 @@ Results of a stopped or superseded request are dropped by request id.
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import itertools
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -20,18 +22,19 @@ from typing import TYPE_CHECKING
 from PySide6.QtCore import QObject, QTimer, Signal, Slot
 
 from app.state.engine_client import QtEngine
-from engine.core.conversation import Change, ReplyStart
+from engine.core.conversation import Change
 from engine.core.errors import ArborError
 from engine.core.overflow import Overflow
-from engine.core.reasoning import OPENED, is_opened
-from engine.core.results import NodeView, ReplyReport, ReplyResult, Stopped
+from engine.core.reasoning import is_opened
+from engine.core.results import NodeView, Outcome, ReplyReport, ReplyResult, Stopped
+from engine.core.tree import Node
+from engine.service.lifetime import ReplyRun
 from engine.service.protocol import (
     EngineDied,
     EngineStarted,
     ExportDone,
     ExportRequest,
     Finished,
-    GenerateRequest,
     LoadFailed,
     LoadProgress,
     LoadRequest,
@@ -51,6 +54,10 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
+
+class NotKept(Exception):
+    """A save failed; the controller has told the user."""
+
 # Quiet time after the user's last move before the engine warms the likely next prompt.
 WARM_DELAY_MS = 250
 # Why a session file the engine was writing when it died was not exported (the engine-death
@@ -65,11 +72,17 @@ MAX_RESTARTS = 3
 @dataclass
 class Streaming:
     request_id: int
-    conversation_id: int
-    start: ReplyStart
+    run: ReplyRun  # the reply's lifetime: it applies every event to the conversation
     started: float
-    pieces: int = 0
     answers_edit: bool = False  # the answer to an edit that waited for a reply to stop
+
+    @property
+    def conversation_id(self) -> int:
+        return self.run.conversation_id
+
+    @property
+    def pieces(self) -> int:
+        return self.run.pieces
 
 
 @dataclass(frozen=True)
@@ -126,7 +139,6 @@ class Replies(QObject):
         self._pending_edit: PendingEdit | None = None  # submitted during a reply
         self._exports: list[str] = []  # session files the engine is writing (their paths)
         self._request_ids = itertools.count(1)
-        self._sink: StoreSink | None = None
         self.prepare_started = 0.0  # when the reply in progress was sent (monotonic)
         self._warmed_path: tuple[int, ...] | None = None  # what the last warm-up prepared
         self._warm_timer = QTimer(self, singleShot=True, interval=WARM_DELAY_MS)
@@ -181,9 +193,23 @@ class Replies(QObject):
         conversation = controller.conversations[conversation_id]
         tree = conversation.tree
         leaf = tree.active_leaf
-        start = conversation.start_reply(job)
-        if not controller.save(conversation_id, [start.reply]):
-            conversation.fail_reply(start)  # not saved: not shown either
+        sink = StoreSink(controller.store, conversation_id)
+
+        def keep(nodes: Sequence[Node], deleted: Sequence[int]) -> None:
+            if not controller.save(conversation_id, nodes, deleted):
+                raise NotKept  # the controller has told the user
+
+        def streaming(node: Node) -> None:
+            try:
+                sink.streaming(node)  # saved at most a second behind
+            except ArborError as exc:  # a full disk, say: the final save will say so too
+                log.warning("the growing reply could not be saved: %s", exc)
+                controller.notice.emit(f"The reply could not be saved yet: {exc}", 4000)
+
+        try:
+            run = ReplyRun.begin(conversation, job, keep, conversation_id=conversation_id,
+                                 streaming=streaming)
+        except NotKept:  # not saved: not shown either
             if leaf in tree:
                 tree.set_active(leaf)
             controller.changed.emit()
@@ -191,22 +217,15 @@ class Replies(QObject):
         overrides = controller.overrides(conversation_id)
         settings = overrides.apply(controller.settings)  # the conversation's own, over defaults
         request_id = next(self._request_ids)
-        self.streaming = Streaming(request_id, conversation_id, start, time.monotonic())
-        self._sink = StoreSink(controller.store, conversation_id)
+        self.streaming = Streaming(request_id, run, time.monotonic())
         self._warm_timer.stop()
         self._warmed_path = None
         self.claiming.emit()  # at once: an API reply's stop goes out before this request
-        self.engine.send(GenerateRequest(
-            request_id=request_id,
-            conversation_id=conversation_id,
-            reply_id=start.reply.id,
-            path=tuple(NodeView.of(node) for node in start.path),
-            resume=NodeView.of(start.resume) if start.resume is not None else None,
-            max_tokens=settings.max_tokens,
+        self.engine.send(run.request(
+            request_id, max_tokens=settings.max_tokens,
             seed=conversation.reply_seed(settings.seed),
             sampling=None if overrides.is_default else settings.sampling(),
-            overflow=settings.overflow,
-        ))
+            overflow=settings.overflow))
         self.prepare_started = time.monotonic()
         self.streaming_changed.emit()
         controller.changed.emit()
@@ -275,7 +294,7 @@ class Replies(QObject):
                 streaming.answers_edit  # the edit ran, its answer had not begun
                 or died.kernels_fallback is not None):  # the question is asked again
 
-            asked = streaming.start.path[-1]
+            asked = streaming.run.start.path[-1]
             pending = PendingEdit(streaming.conversation_id, asked.id, None)
         if streaming is not None:
             self.interrupt(streaming)
@@ -339,23 +358,12 @@ class Replies(QObject):
 
     def _on_piece(self, piece: Piece) -> None:
         streaming = self._mine(piece.request_id)
-        tree = self.controller.tree_of(piece.conversation_id)
-        if streaming is None or tree is None or piece.reply_id not in tree:
+        if streaming is None or streaming.run.taken_back:
             return
-        node = tree.node(piece.reply_id)
-        node.text += piece.text
-        if piece.reasoning_opened:
-            node.meta[OPENED] = True  # the finished reply's meta says so too
-        streaming.pieces += 1
+        node = streaming.run.piece(piece.text, opened=piece.reasoning_opened)
         self.answering_rate.emit(
             streaming.pieces / max(1e-3, time.monotonic() - streaming.started))
-        if self._sink is not None:
-            try:
-                self._sink.streaming(node)  # saved at most a second behind
-            except ArborError as exc:  # a full disk, say: the final save will say so too
-                log.warning("the growing reply could not be saved: %s", exc)
-                self.controller.notice.emit(f"The reply could not be saved yet: {exc}", 4000)
-        if piece.conversation_id == self.controller.current:
+        if streaming.conversation_id == self.controller.current:
             self.piece_shown.emit(node.id, node.text, node.status.value, is_opened(node.meta))
 
     def _on_finished(self, finished: Finished) -> None:
@@ -363,10 +371,12 @@ class Replies(QObject):
         if streaming is None:
             return
         outcome = finished.outcome
+        self._apply(streaming, outcome)
         if isinstance(outcome, ReplyResult):
-            self._on_reply(finished, outcome)
+            self.last_result = outcome
+            self.report.emit(outcome.report)
+            self._end_reply()
             return
-        self.interrupt(streaming)
         self._end_reply()
         if isinstance(outcome, Stopped):
             self.reply_failed.emit("")
@@ -380,21 +390,17 @@ class Replies(QObject):
                         "conversation.")
         self.reply_failed.emit(message)
 
-    def _on_reply(self, done: Finished, result: ReplyResult) -> None:
-        self.last_result = result
-        conversation = self.controller.conversations.get(done.conversation_id)
-        if conversation is not None and done.reply_id in conversation.tree:
-            change = conversation.finish_reply(done.reply_id, result)
-            self.controller.save(done.conversation_id, change.nodes, change.deleted)
-        self.report.emit(result.report)
-        self._end_reply()
+    def _apply(self, streaming: Streaming, outcome: Outcome) -> None:
+        """The reply's lifetime applies the outcome (its failure policy), unless its
+        conversation has been closed since."""
+        if streaming.conversation_id in self.controller.conversations:
+            with contextlib.suppress(NotKept):  # the controller has told the user
+                streaming.run.finish(outcome)
 
     def interrupt(self, streaming: Streaming) -> None:
-        """Keep what a reply said as interrupted (it can be continued), or take it back."""
-        conversation = self.controller.conversations.get(streaming.conversation_id)
-        if conversation is not None:
-            change = conversation.fail_reply(streaming.start)
-            self.controller.save(streaming.conversation_id, change.nodes, change.deleted)
+        """The reply ends without the engine's word (the engine died, the window closes):
+        what it said is kept as interrupted (it can be continued), or it is taken back."""
+        self._apply(streaming, Stopped())
 
     def _end_reply(self, *, warm: bool = True) -> None:
         self.streaming = None

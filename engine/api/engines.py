@@ -9,17 +9,10 @@ from pathlib import Path
 from engine.config.params import SamplingParams
 from engine.config.settings import Settings
 from engine.core.errors import ArborError
-from engine.core.results import NodeView, ReplyReport, ReplyResult
+from engine.core.results import NodeView, Outcome, ReplyReport
 from engine.core.tree import Node
-from engine.service.client import (
-    CancelFn,
-    ClientKind,
-    EngineClient,
-    PieceFn,
-    engine_log,
-    generate_request,
-    outcome_result,
-)
+from engine.llm.reply import CancelFn, PieceFn
+from engine.service.client import ClientKind, EngineClient, engine_log, generate_request
 from engine.service.process import SHUTDOWN_TIMEOUT_S
 from engine.service.protocol import ModelLoaded
 
@@ -55,14 +48,13 @@ class OwnEngine:
 
     def reply(self, path: Sequence[Node], *, max_tokens: int, seed: int, on_piece: PieceFn,
               cancel: CancelFn, sampling: SamplingParams, scope: str,
-              conversation_id: int) -> ReplyResult:
+              conversation_id: int) -> Outcome:
         client = self._replier
         assert client is not None
-        return outcome_result(client.reply(generate_request(
+        return client.reply(generate_request(
             client.next_id(), [NodeView.of(node) for node in path], resume=None,
             max_tokens=max_tokens, seed=seed, sampling=sampling, scope=scope,
-            conversation_id=conversation_id),
-            on_piece=on_piece, cancel=cancel))
+            conversation_id=conversation_id), on_piece=on_piece, cancel=cancel)
 
     def warm_while(self, path: Sequence[Node], idle: Callable[[], bool], scope: str
                    ) -> ReplyReport | None:

@@ -159,6 +159,8 @@ class Stopped:
     stopped after it said something is a `ReplyResult` finished as `FinishReason.CANCELLED`:
     what it said is kept."""
 
+    rendered: Rendered = ()  # path nodes rendered before the stop: they keep these tokens
+
 
 class FailureKind(StrEnum):
     ERROR = "error"  # a user-facing error (engine.core.errors)
@@ -166,6 +168,7 @@ class FailureKind(StrEnum):
     INTERNAL = "internal"  # a bug in the engine; logged there
     ENGINE_DIED = "engine_died"  # the engine process ended under the reply
     KERNELS = "kernels"  # it ended loading or on its first prompt: worth one more try
+    PREEMPTED = "preempted"  # the engine's owner (the app's user) took it for their reply
 
 
 @dataclass(frozen=True)
@@ -175,6 +178,7 @@ class ReplyFailure:
     kind: FailureKind
     message: str
     overflow: tuple[int, int] | None = None  # OVERFLOW: (the prompt's tokens, n_ctx)
+    rendered: Rendered = ()  # path nodes rendered before the failure: they keep these tokens
 
     def error(self) -> ArborError:
         """The exception a blocking caller raises for it."""

@@ -45,6 +45,7 @@ from engine.core.results import (
 )
 from engine.core.tree import Node
 from engine.files.paths import data_dirs
+from engine.llm.reply import CancelFn, PieceFn, ProgressFn
 from engine.service.control import Control, ThreadControl
 from engine.service.process import SHUTDOWN_TIMEOUT_S, EngineProcess
 from engine.service.protocol import (
@@ -73,9 +74,6 @@ log = logging.getLogger(__name__)
 
 Receive = Callable[[Event], None]
 Emit = Callable[[Event], None]
-PieceFn = Callable[[str], None]
-ProgressFn = Callable[[int, int], None]  # (tokens decoded so far, tokens to decode)
-CancelFn = Callable[[], bool]
 POLL_S = 0.05  # how often a blocked caller looks at its `cancel`
 # Requests a user waits for: they make any warm-up in flight or queued stale.
 PREEMPTING = (GenerateRequest, LoadRequest, ConfigureRequest)
@@ -87,11 +85,12 @@ class ClientKind(StrEnum):
 
 
 class Handler(Protocol):
-    """The engine side of an in-process client: `EngineService`, or a fake of it."""
+    """The engine side of an in-process client: `EngineService`, or a fake of it. It runs
+    each request to the end and reports through the `emit` it was made with (a reply's last
+    event is its `Finished`); a `close()` method, if it has one, is called on the engine
+    thread when the client shuts down."""
 
     def handle(self, request: Request) -> None: ...
-
-    def close(self) -> None: ...
 
 
 HandlerFactory = Callable[[Emit, Control], Handler]
@@ -386,7 +385,9 @@ class InProcessClient(EngineClient):
         self.thread_ident = threading.get_ident()
         while (request := self._requests.get()) is not None:
             self._handler.handle(request)
-        self._handler.close()
+        close = getattr(self._handler, "close", None)
+        if close is not None:
+            close()
 
     @property
     def running(self) -> bool:

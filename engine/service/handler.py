@@ -284,9 +284,15 @@ class EngineService:
                              piece, opened))
 
         conversation = request.conversation_id
+        path = _keyed(conversation, request.path)
+        untokenized = {node.id for node in path if node.tokens is None}
+
+        def kept() -> Rendered:  # tokens rendered before a stop or a failure stay theirs
+            return _local(rendered(path, untokenized))
+
         try:
             result = run_reply(
-                generator, _keyed(conversation, request.path),
+                generator, path,
                 resume=(request.resume.to_node(node_key(conversation, request.resume.id))
                         if request.resume is not None else None),
                 max_tokens=request.max_tokens, seed=request.seed, on_plan=on_plan,
@@ -295,16 +301,17 @@ class EngineService:
                 sampling=request.sampling, overflow=request.overflow, scope=request.scope,
             )
         except Cancelled:
-            return Stopped()
+            return Stopped(kept())
         except ContextOverflowError as exc:
-            return ReplyFailure(FailureKind.OVERFLOW, str(exc), (exc.prompt_tokens, exc.n_ctx))
+            return ReplyFailure(FailureKind.OVERFLOW, str(exc), (exc.prompt_tokens, exc.n_ctx),
+                                kept())
         except ArborError as exc:
-            return ReplyFailure(FailureKind.ERROR, str(exc))
+            return ReplyFailure(FailureKind.ERROR, str(exc), rendered=kept())
         except Exception as exc:  # a bug: report it, never leave the front end waiting
             log.exception("the reply failed")
             return ReplyFailure(FailureKind.INTERNAL,
                                 f"an internal error stopped the reply ({type(exc).__name__}); "
-                                f"what was written is saved")
+                                f"what was written is saved", rendered=kept())
         return replace(result, rendered=_local(result.rendered))
 
     # --- checkpoints -------------------------------------------------------------------------

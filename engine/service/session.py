@@ -15,13 +15,14 @@ from engine.config.params import SamplingParams
 from engine.core.conversation import Change, Conversation, ReplyJob
 from engine.core.errors import Cancelled
 from engine.core.overflow import Overflow
-from engine.core.results import NodeView, ReplyReport
+from engine.core.results import ReplyReport
 from engine.core.schedule import DEFAULT_INTERVAL
 from engine.core.tree import Node, Role, Tree, TreeError
 from engine.llm.generator import Generator
 from engine.llm.runtime import CancelFn, ProgressFn, Runtime
-from engine.service.client import ClientKind, EngineClient, generate_request, outcome_result
+from engine.service.client import ClientKind, EngineClient, outcome_result
 from engine.service.handler import EngineService
+from engine.service.lifetime import ReplyRun
 from engine.storage.checkpoints import CheckpointStore
 
 log = logging.getLogger(__name__)
@@ -228,42 +229,20 @@ class Session:
         return self._reply(op, job, options or GenerationOptions())
 
     def _reply(self, op: str, job: ReplyJob, options: GenerationOptions) -> StepReport:
-        """Run a reply job (engine.llm.reply) and apply its result through the conversation
-        core, as the window does: the reply exists (streaming, saved) before the prompt is
-        prepared; a failure keeps what it said as interrupted, or takes it back."""
+        """Run a reply job through its lifetime (engine.service.lifetime), as every front
+        end does; a failure is raised once its policy has been applied."""
         seed = self.conversation.reply_seed(self.seed)
         if options.seed is not None:
             seed = options.seed
-        start = self.conversation.start_reply(job)
-        reply = start.reply
-        self._keep([reply])
-        untokenized = [node for node in start.path if node.tokens is None]
-
-        def on_piece(piece: str) -> None:
-            reply.text += piece
-            if self.sink is not None:
-                self.sink.streaming(reply)
-            if options.on_text:
-                options.on_text(piece)
-
-        request = generate_request(
-            self.engine.next_id(), [NodeView.of(node) for node in start.path],
-            resume=NodeView.of(start.resume) if start.resume is not None else None,
-            max_tokens=options.max_tokens, seed=seed, overflow=self.overflow)
-        try:
-            result = outcome_result(self.engine.reply(
-                request, on_progress=options.on_progress, on_piece=on_piece,
-                cancel=options.cancel))
-        except BaseException:
-            # Tokens rendered before the failure are the nodes' own from now on: keep them.
-            rendered_now = [node for node in untokenized if node.tokens is not None]
-            failed = self.conversation.fail_reply(start)
-            self._keep([*rendered_now, *failed.nodes], deleted=failed.deleted)
-            raise
-        finished = self.conversation.finish_reply(reply.id, result)
-        self._keep(list(finished.nodes), deleted=finished.deleted)
-        return StepReport(op=op, node_id=reply.id, text=result.text[len(start.was_text):],
-                          report=result.report)
+        run = ReplyRun.begin(self.conversation, job, self._keep,
+                             streaming=self.sink.streaming if self.sink is not None
+                             else lambda _node: None)
+        result = outcome_result(run.run(
+            self.engine, run.request(self.engine.next_id(), max_tokens=options.max_tokens,
+                                     seed=seed, overflow=self.overflow),
+            on_piece=options.on_text, on_progress=options.on_progress, cancel=options.cancel))
+        return StepReport(op=op, node_id=run.reply.id,
+                          text=result.text[len(run.start.was_text):], report=result.report)
 
     def _keep(self, nodes: Sequence[Node], deleted: Sequence[int] = ()) -> None:
         if self.sink is not None:

@@ -269,9 +269,12 @@ def test_the_users_message_stops_a_long_api_reply_whose_client_is_told_why(
     assert "error" in json.loads(lines[-2]), lines[-2]  # in-band, OpenAI's way
     error = json.loads(lines[-2])["error"]
     assert error["code"] == "preempted" and "needs the model" in error["message"]
-    # The stopped request is taken back (its new conversation is not kept), and the API
-    # goes on serving.
-    assert all(info.title != "API: Go on forever" for info in window.controller.listing()[0])
+    # What its client was sent is kept (one failure policy for every front end: no text
+    # streamed to a user is lost): its conversation, the reply interrupted. The API goes on.
+    listed = {info.title: info.id for info in window.controller.listing()[0]}
+    kept = window.store.load(listed["API: Go on forever"])
+    reply = kept.node(kept.node(kept.root.children[0]).children[0])
+    assert reply.status is NodeStatus.INTERRUPTED and reply.text
     assert in_thread(qtbot, lambda: ask(url, MESSAGES)).choices[0].message.content
 
 
