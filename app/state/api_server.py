@@ -7,16 +7,16 @@ trees and the window's own engine.
   tree in memory per conversation whoever changes it. The API's worker thread asks the GUI
   thread and waits; the GUI thread never waits on the worker.
 - Engine: API replies go to the window's engine process with request ids of their own; their
-  events are handed to the worker on the engine client's reader thread (`ProcessEngine.tap`).
+  events are handed to the worker by the engine client (`EngineClient.run`, a tap by id).
   The window goes first: an API reply starts only while the window has none running, and
   a reply the window starts while an API reply runs stops that one (`Replies.claiming`):
   its client gets a 503 "the app's user needs the model", or, once its stream has begun,
-  the stream ends with that error; the request's messages are taken back from its tree, as
-  for any request that got no reply. Each side stops only its own reply: a client that goes
-  away never stops the window's, the user's Esc never the API's. An engine that dies under
-  an API request, or before it is sent, answers it 503; the window restarts the engine and
-  the API serves again once the model is loaded. The window warms its own branches; API
-  replies are not warmed here.
+  the stream ends with that error; what the stream had sent stays in its tree as an
+  interrupted reply (engine.service.lifetime's policy). Each side stops only its own reply:
+  a client that goes away never stops the window's, the user's Esc never the API's. An
+  engine that dies under an API request, or before it is sent, answers it 503; the window
+  restarts the engine and the API serves again once the model is loaded. The window warms
+  its own branches; API replies are not warmed here.
 """
 
 from __future__ import annotations

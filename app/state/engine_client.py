@@ -11,12 +11,15 @@ a chunk or a token after the stop, then the process is killed).
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 from PySide6.QtCore import QObject, Signal, Slot
 
 from engine.service.client import ClientKind, EngineClient, HandlerFactory, InProcessClient
-from engine.service.protocol import Crash, Request
+from engine.service.protocol import Crash, EngineDied, Request
+
+log = logging.getLogger(__name__)
 
 
 class QtEngine(QObject):
@@ -36,6 +39,8 @@ class QtEngine(QObject):
         """After `shutdown`, events still on their way are dropped: the window they were for
         has closed its store."""
         if self.client.running:
+            if isinstance(event, EngineDied):
+                log.error("the engine process ended: %s", event.describe())
             self.received.emit(event)
 
     def send(self, request: Request | Crash) -> None:

@@ -1,10 +1,11 @@
 """The engine's side of the window, without widgets: the loaded model, the reply in progress,
 warm-ups of the likely next prompt, and every event the engine sends back.
 
-`Replies` turns a core `Change` with a reply job into a `GenerateRequest` (the reply node is
-created and saved first, by `Conversation.start_reply`) and applies what comes back through the
-core (`finish_reply`, `fail_reply`, `adopt_tokens`). It never decides tree semantics or seeds.
-Results of a stopped or superseded request are dropped by request id.
+`Replies` runs a core `Change`'s reply job through its lifetime (`engine.service.lifetime`,
+as the command line and the local API do): the reply node is created and saved first, then
+the engine's pieces and outcome are applied to it on the GUI thread. It never decides tree
+semantics, seeds or what a failure keeps. Events of a stopped or superseded request are
+dropped by request id.
 """
 
 from __future__ import annotations
@@ -112,7 +113,8 @@ class Replies(QObject):
     # reply node id, its text so far, its status, whether it began inside its reasoning
     piece_shown = Signal(int, str, str, bool)
     reply_finished = Signal()
-    reply_failed = Signal(str)  # why; empty when the user stopped it
+    reply_failed = Signal(str)  # why
+    reply_stopped = Signal()  # the user stopped it before it said anything
     report = Signal(object)  # ReplyReport of the finished reply
     # Warm-ups.
     ready = Signal(int)  # a warm-up of the current conversation holds this many tokens
@@ -379,7 +381,7 @@ class Replies(QObject):
             return
         self._end_reply()
         if isinstance(outcome, Stopped):
-            self.reply_failed.emit("")
+            self.reply_stopped.emit()
             return
         message = outcome.message
         settings = self.controller.overrides(streaming.conversation_id).apply(

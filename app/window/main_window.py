@@ -300,8 +300,7 @@ class MainWindow(QMainWindow):
 
     @Slot(str)
     def _on_reply_failed(self, message: str) -> None:
-        if message:
-            QMessageBox.warning(self, "Arbor", message)
+        QMessageBox.warning(self, "Arbor", message)
 
     # --- small interactions ------------------------------------------------------------------
 

@@ -3,11 +3,12 @@
 The HTTP side hands a `Job` to `ApiWorker.submit` (a bounded queue: a full one is a 429) and
 reads what the job delivers: pieces of text, then the outcome or an error. The worker thread
 takes the jobs in order. For each it asks its `TreeSide` to place the request in its tree
-(`engine.api.trees`), runs the reply on its `EngineSide`, and hands the result back to the
-tree side to save. `arbor-engine serve` has both sides to itself (`LocalTrees`, `OwnEngine`:
-llama.cpp in a process of its own, restarted if it dies); in the app they are the window's
-trees and the window's engine. A job whose client went away is cancelled: its reply stops
-within one token, or it never starts.
+(`engine.api.trees`), runs the reply on its `EngineSide` (whoever owns the engine: both reply
+through `engine.service.client.EngineClient`), and hands the outcome back to the tree side,
+whose reply lifetime applies and saves it. `arbor-engine serve` has both sides to itself
+(`LocalTrees`, `OwnEngine`: llama.cpp in a process of its own, restarted if it dies); in the
+app they are the window's trees and the window's engine. A job whose client went away is
+cancelled: its reply stops within one token, or it never starts.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ class FinishReason(StrEnum):
 @dataclass(frozen=True)
 class Reuse:
     """What a prepare reuses and from where, fixed before it decodes anything: what a
-    progress bar says, and the first half of a reply's figures (`ReplyReport.reuse`)."""
+    progress bar says (a reply's `ReplyReport` says it again with the figures)."""
 
     prompt_tokens: int
     reused_tokens: int
@@ -100,10 +100,6 @@ class ReplyReport:
     decode_ms: float = 0.0
     finish: FinishReason | None = None
     dropped: int = 0  # messages left out of the prompt (engine.core.overflow)
-
-    @property
-    def reuse(self) -> Reuse:
-        return Reuse(self.prompt_tokens, self.reused_tokens, self.source, self.checkpoint_pos)
 
     @staticmethod
     def of_prepare(prepared: PrepareReport) -> ReplyReport:

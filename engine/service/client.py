@@ -205,7 +205,6 @@ class EngineClient:
             for tap in taps:
                 tap(event)
             if self.running:  # a death the client did not ask for
-                log.error("the engine process ended: %s", event.describe())
                 self._deliver(event)
             return
         request_id = getattr(event, "request_id", None)

@@ -70,12 +70,11 @@ class ReplyRun:
                 scope: str = "") -> GenerateRequest:
         """What the engine needs: copies of the path, never the nodes."""
         start = self.start
-        request = generate_request(
+        return generate_request(
             request_id, [NodeView.of(node) for node in start.path],
             resume=NodeView.of(start.resume) if start.resume is not None else None,
             max_tokens=max_tokens, seed=seed, conversation_id=self.conversation_id,
             sampling=sampling, overflow=overflow, scope=scope)
-        return request
 
     # --- what the engine says ----------------------------------------------------------------
 
