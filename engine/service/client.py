@@ -24,6 +24,7 @@ import itertools
 import logging
 import queue
 import threading
+from collections import deque
 from collections.abc import Callable, Sequence
 from enum import StrEnum
 from pathlib import Path
@@ -125,13 +126,14 @@ class EngineClient:
 
     @staticmethod
     def make(kind: ClientKind, *, handler: HandlerFactory | None = None,
-             log_file: Path | None = None, process: EngineProcess | None = None
-             ) -> EngineClient:
+             keep_thread: bool = True, log_file: Path | None = None,
+             process: EngineProcess | None = None) -> EngineClient:
         """A client of `kind`. In process: `handler` (the engine service by default) is made
-        on the engine thread's behalf with the client's emit and control. In a process:
-        `process` (a new one by default), whose stderr goes to `log_file`."""
+        on the engine thread's behalf with the client's emit and control (see
+        `InProcessClient` for `keep_thread`). In a process: `process` (a new one by default),
+        whose stderr goes to `log_file`."""
         if kind is ClientKind.IN_PROCESS:
-            return InProcessClient(handler)
+            return InProcessClient(handler, keep_thread=keep_thread)
         return ProcessClient(process, log_file=log_file)
 
     # --- the kind's -------------------------------------------------------------------------
@@ -364,9 +366,15 @@ class EngineClient:
 
 
 class InProcessClient(EngineClient):
-    """The engine on a thread of this process. A crash in llama.cpp takes the process."""
+    """The engine on a thread of this process. A crash in llama.cpp takes the process.
 
-    def __init__(self, handler: HandlerFactory | None = None) -> None:
+    With `keep_thread` (the window's), one thread runs every request and frees the model
+    (the handler's `close`) when the client shuts down. Without it (a `Session` on a runtime
+    it was given and does not own), a thread runs only while requests are queued: an idle
+    client holds no thread, so a session dropped is a session freed, its runtime untouched."""
+
+    def __init__(self, handler: HandlerFactory | None = None, *,
+                 keep_thread: bool = True) -> None:
         super().__init__()
         self.control = ThreadControl()
         if handler is None:
@@ -374,23 +382,41 @@ class InProcessClient(EngineClient):
 
             handler = EngineService
         self._handler = handler(self._dispatch, self.control)
-        self._requests: queue.SimpleQueue[Request | None] = queue.SimpleQueue()
+        self._keep_thread = keep_thread
+        self._requests: deque[Request] = deque()
+        self._wake = threading.Condition()
         self._closing = False
-        self.thread_ident: int | None = None  # the thread the engine runs on
-        self._thread = threading.Thread(target=self._serve, name="arbor-engine", daemon=True)
-        self._thread.start()
+        self._thread: threading.Thread | None = None  # serving, while it runs
+        self.thread_ident: int | None = None  # the thread the engine runs on (the last)
+        if keep_thread:
+            with self._wake:
+                self._serve_soon()
+
+    def _serve_soon(self) -> None:
+        """A thread to run what is queued (called holding `_wake`)."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._serve, name="arbor-engine",
+                                            daemon=True)
+            self._thread.start()
 
     def _serve(self) -> None:
         self.thread_ident = threading.get_ident()
-        while (request := self._requests.get()) is not None:
+        while True:
+            with self._wake:
+                while not self._requests and self._keep_thread and not self._closing:
+                    self._wake.wait()
+                if not self._requests:
+                    self._thread = None
+                    break
+                request = self._requests.popleft()
             self._handler.handle(request)
         close = getattr(self._handler, "close", None)
-        if close is not None:
-            close()
+        if self._keep_thread and close is not None:
+            close()  # on the engine's own thread
 
     @property
     def running(self) -> bool:
-        return not self._closing and self._thread.is_alive()
+        return not self._closing
 
     def send(self, request: Request | Crash) -> None:
         if self._closing or isinstance(request, Crash):
@@ -399,7 +425,10 @@ class InProcessClient(EngineClient):
             self.control.preempt()
         if isinstance(request, GenerateRequest):
             self.control.clear_stop()  # a stop for no reply in particular was for an earlier one
-        self._requests.put(request)
+        with self._wake:
+            self._requests.append(request)
+            self._serve_soon()
+            self._wake.notify()
 
     def stop(self, request_id: int | None = None) -> None:
         self.control.stop(request_id)
@@ -417,11 +446,14 @@ class InProcessClient(EngineClient):
         """Stop whatever runs, free the model on its own thread, end the thread."""
         if self._closing:
             return
-        self._closing = True
         self.control.stop()
         self.control.preempt()
-        self._requests.put(None)
-        self._thread.join()
+        with self._wake:
+            self._closing = True
+            thread = self._thread
+            self._wake.notify()
+        if thread is not None:
+            thread.join()
 
 
 class ProcessClient(EngineClient):

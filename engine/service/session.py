@@ -105,11 +105,11 @@ class Session:
                 checkpoint_interval=checkpoint_interval,
                 template=template,
             )
+            # The runtime is the caller's: the engine's thread runs only while a request
+            # does, and never closes it.
             engine = EngineClient.make(
-                ClientKind.IN_PROCESS,
+                ClientKind.IN_PROCESS, keep_thread=False,
                 handler=lambda emit, control: EngineService(emit, control, generator=generator))
-            # A session on a runtime it was given does not own it: its engine thread ends
-            # with the session (a daemon thread that waits for requests costs nothing).
         self.engine = engine
         self._model: dict[str, Any] | None = None
 
