@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
     from app.chat.chat_view import ChatView
     from app.chat.message_documents import MessageDocument
-    from app.state.engine_client import EngineClient
+    from app.state.engine_client import QtEngine
     from app.window.main_window import MainWindow
     from engine.core.tree import Tree
 
@@ -53,7 +53,7 @@ def engine_calls(monkeypatch: pytest.MonkeyPatch) -> list[int]:
 
 
 def open_window(qtbot: QtBot, tmp_path: Path, model: Path,
-                engine: EngineClient | None = None) -> MainWindow:
+                engine: QtEngine | None = None) -> MainWindow:
     """A shown main window on its own store, with `model` loaded."""
     from app.window.main_window import MainWindow
     from engine.storage.store import Store
@@ -133,7 +133,7 @@ def fake_window(
     fake model loaded: for what the window does with the engine's events (no model, no
     engine process, milliseconds a test). On teardown, proof the engine was shut down."""
     win = open_window(qtbot, tmp_path, tmp_path / "fake-model.gguf",
-                      in_process_client(monkeypatch, fake_engine))
+                      in_process_client(fake_engine))
     yield win
     win.close()
     assert not win.engine.running
@@ -156,7 +156,7 @@ def thread_window(
     """The main window with its engine on a thread of this process (`ThreadEngine`), for
     tests that reach into the engine; on teardown, proof that llama.cpp ran only on the
     engine thread."""
-    from app.state.engine_thread import ThreadEngine
+    from app.state.engine_client import ThreadEngine
 
     engine = ThreadEngine()
     win = open_window(qtbot, tmp_path, tiny_models["dense"], engine)
@@ -186,7 +186,7 @@ def offline_window(
         store = Store(tmp_path / f"offline-{len(opened)}.db")
         store.create(tree, title="Offline")
         win = MainWindow(store=store, settings=TEST_SETTINGS,
-                         engine=in_process_client(monkeypatch, fake_engine))
+                         engine=in_process_client(fake_engine))
         qtbot.addWidget(win)
         win.resize(1100, 760)
         win.show()

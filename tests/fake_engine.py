@@ -26,19 +26,24 @@ from engine.config.settings import Settings
 from engine.core.errors import ContextOverflowError
 from engine.core.overflow import Overflow
 from engine.core.results import (
+    FailureKind,
     FinishReason,
     NodeView,
+    Outcome,
     Rendered,
+    ReplyFailure,
     ReplyReport,
     ReplyResult,
+    Reuse,
     Source,
+    Stopped,
 )
 from engine.service.protocol import (
     AdoptCheckpoints,
     ConfigureRequest,
     ExportDone,
     ExportRequest,
-    Failed,
+    Finished,
     ForgetRequest,
     GenerateRequest,
     LoadFailed,
@@ -46,9 +51,7 @@ from engine.service.protocol import (
     LoadRequest,
     ModelLoaded,
     Piece,
-    Plan,
     Progress,
-    ReplyDone,
     Request,
     StoreUsage,
     Sync,
@@ -59,10 +62,10 @@ from engine.service.protocol import (
 )
 
 if TYPE_CHECKING:
-    import pytest
 
-    from app.state.engine_client import EngineClient
-    from engine.service.handler import Control, Emit
+    from app.state.engine_client import QtEngine
+    from engine.service.control import Control
+    from engine.service.protocol import Emit
 
 CHUNK = 8  # prompt tokens per Progress event, as the real engine reports per chunk
 CHECKPOINT_BYTES = 1 << 20  # what each fake checkpoint says it holds
@@ -109,7 +112,7 @@ class FakeEngineService:
         self._model: str | None = None
         self._settings = Settings()
         self._live: tuple[int, ...] = ()  # the tokens the "context" holds
-        self._checkpoints: set[int] = set()  # node ids (global) with a "checkpoint"
+        self._checkpoints: set[tuple[int, int]] = set()  # (conversation, node) with one
 
     def handle(self, request: Request) -> None:
         self.script.requests.append(request)
@@ -130,7 +133,7 @@ class FakeEngineService:
             case AdoptCheckpoints():
                 self._emit_usage()
             case ForgetRequest():
-                self._checkpoints -= set(request.node_ids)
+                self._checkpoints -= {(request.conversation_id, node) for node in request.node_ids}
                 self._emit_usage()
             case Sync():
                 self._emit(Synced(request.token))
@@ -175,12 +178,12 @@ class FakeEngineService:
             return
         prompt, rendered = _prompt(request.path)
         report = self._prepare(prompt)
+        self._emit_usage()  # before `Warmed`: it is the request's last event
         self._emit(Warmed(request.conversation_id, last, len(prompt), report, rendered))
-        self._emit_usage()
 
     def _generate(self, request: GenerateRequest) -> None:
         if self._model is None:
-            self._emit(_failed(request, "no model is loaded"))
+            self._finish(request, ReplyFailure(FailureKind.ERROR, "no model is loaded"))
             return
         script = self.script
         prompt, rendered = _prompt(request.path)
@@ -189,21 +192,21 @@ class FakeEngineService:
         n_ctx = self._settings.n_ctx
         if len(prompt) >= n_ctx and request.overflow is Overflow.STOP:
             error = ContextOverflowError(len(prompt), n_ctx)
-            self._emit(Failed(request.request_id, request.conversation_id, request.reply_id,
-                              str(error), overflow=(len(prompt), n_ctx)))
+            self._finish(request, ReplyFailure(FailureKind.OVERFLOW, str(error),
+                                               (len(prompt), n_ctx)))
             return
         if self.control.stop_requested(request.request_id):
-            self._emit(_failed(request, ""))  # stopped before it began: nothing said
+            self._finish(request, Stopped())  # stopped before it began: nothing said
             return
         reused = _common_prefix(self._live, prompt)
-        self._emit(Plan(request.request_id, len(prompt), reused,
-                        (Source.LIVE if reused else Source.NONE).value, None))
+        reuse = Reuse(len(prompt), reused, Source.LIVE if reused else Source.NONE, None)
         # Chunk by chunk, and at least once (the real engine reports a prompt held whole too).
         for done in range(min(reused + CHUNK, len(prompt)), len(prompt) + CHUNK, CHUNK):
             if self.control.stop_requested(request.request_id):
-                self._emit(_failed(request, ""))  # stopped in the prepare: nothing said
+                self._finish(request, Stopped())  # stopped in the prepare: nothing said
                 return
-            self._emit(Progress(request.request_id, min(done, len(prompt)), len(prompt)))
+            self._emit(Progress(request.request_id, reuse, min(done, len(prompt)),
+                                len(prompt)))
         self._live = prompt
         words = script.reply(request.path[-1].text, request.seed).split()
         finish = FinishReason.STOP
@@ -220,7 +223,8 @@ class FakeEngineService:
                              piece))
             if len(said) == 1:
                 if script.reply_failure is not None:
-                    self._emit(_failed(request, script.reply_failure))
+                    self._finish(request, ReplyFailure(FailureKind.ERROR,
+                                                       script.reply_failure))
                     return
                 if script.hold:
                     script.hold = False
@@ -239,10 +243,13 @@ class FakeEngineService:
             prefill_ms=1.0, ttft_ms=2.0, generated_tokens=len(generated), decode_ms=1.0,
             finish=finish)
         meta: tuple[tuple[str, object], ...] = (("open_len", None), ("prompt_len", OPENING))
-        self._emit(ReplyDone(request.request_id, request.conversation_id, request.reply_id,
-                             ReplyResult(text, tokens, meta, rendered, report)))
-        self._checkpoints.add(request.reply_id)
-        self._emit_usage()
+        self._checkpoints.add((request.conversation_id, request.reply_id))
+        self._emit_usage()  # before `Finished`: it is the request's last event
+        self._finish(request, ReplyResult(text, tokens, meta, rendered, report))
+
+    def _finish(self, request: GenerateRequest, outcome: Outcome) -> None:
+        self._emit(Finished(request.request_id, request.conversation_id, request.reply_id,
+                            outcome))
 
     def _prepare(self, prompt: tuple[int, ...]) -> ReplyReport:
         reused = _common_prefix(self._live, prompt)
@@ -270,21 +277,19 @@ class FakeEngineService:
         self._emit(StoreUsage(
             count=count, ram_bytes=count * CHECKPOINT_BYTES, disk_bytes=0,
             ram_budget=self._settings.ram_budget() or 0,
-            nodes=tuple((node, "ram") for node in sorted(self._checkpoints))))
+            nodes=tuple((conversation, node, "ram")
+                        for conversation, node in sorted(self._checkpoints))))
 
 
-def in_process_client(
-    monkeypatch: pytest.MonkeyPatch, script: Script
-) -> EngineClient:
-    """The in-process client kind (the engine on a thread of this process) running the fake
-    engine instead of the real service."""
-    import app.state.engine_thread as engine_thread
+def in_process_client(script: Script) -> QtEngine:
+    """The in-process client kind (the engine on a thread of this process) with the fake
+    engine as its handler instead of the real service."""
+    from app.state.engine_client import ThreadEngine
 
     def build(emit: Emit, control: Control) -> FakeEngineService:
         return FakeEngineService(emit, control, script)
 
-    monkeypatch.setattr(engine_thread, "EngineService", build)
-    return engine_thread.ThreadEngine()
+    return ThreadEngine(handler=build)
 
 
 def _message_tokens(view: NodeView) -> tuple[int, ...]:
@@ -315,5 +320,3 @@ def _common_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:
     return n
 
 
-def _failed(request: GenerateRequest, message: str) -> Failed:
-    return Failed(request.request_id, request.conversation_id, request.reply_id, message)

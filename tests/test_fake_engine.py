@@ -9,17 +9,18 @@ from pathlib import Path
 import pytest
 
 from engine.config.settings import Settings
+from engine.core.results import ReplyResult, Stopped
 from engine.core.tree import Role
-from engine.service.handler import EngineService, ThreadControl
+from engine.service.control import ThreadControl
+from engine.service.handler import EngineService
 from engine.service.protocol import (
     Event,
-    Failed,
+    Finished,
     ForgetRequest,
     GenerateRequest,
     LoadRequest,
     NodeView,
     Piece,
-    ReplyDone,
     Request,
     Sync,
     WarmRequest,
@@ -27,9 +28,9 @@ from engine.service.protocol import (
 from tests.fake_engine import FakeEngineService, Script
 
 CID = 1
-SYSTEM = NodeView(CID << 32 | 1, Role.SYSTEM, "Be brief.", None)
-USER = NodeView(CID << 32 | 2, Role.USER, "Tell me about rivers.", None)
-REPLY = CID << 32 | 3
+SYSTEM = NodeView(1, Role.SYSTEM, "Be brief.", None)
+USER = NodeView(2, Role.USER, "Tell me about rivers.", None)
+REPLY = 3
 
 
 def _generate(request_id: int) -> GenerateRequest:
@@ -48,7 +49,7 @@ def _run(make: Handler, model: str, stopped: bool) -> list[Event]:
         LoadRequest(model, Settings(n_ctx=512, max_tokens=6)),
         WarmRequest(control.epoch(), CID, (SYSTEM, USER), max_tokens=6),
         _generate(1),
-        ForgetRequest((REPLY,)),
+        ForgetRequest(CID, (REPLY,)),
         Sync(7),
     ]
     if stopped:
@@ -76,11 +77,15 @@ def test_the_fake_engine_answers_in_the_real_engines_shape(
     real = _run(EngineService, model, stopped)
     fake = _run(lambda emit, control: FakeEngineService(emit, control, Script()), model,
                 stopped)
-    assert _shape(fake) == _shape(real)
-    if stopped:  # stopped before a word: the front end's "nothing said" failure
-        assert [e.message for e in fake if isinstance(e, Failed)] == [""]
+    assert _shape(fake) == _shape(real), (_shape(fake), _shape(real))
+    outcomes = [e.outcome for e in fake if isinstance(e, Finished)]
+    assert len(outcomes) == 1
+    if stopped:  # stopped before a word: nothing said
+        assert isinstance(outcomes[0], Stopped)
+        assert [type(e.outcome) for e in real if isinstance(e, Finished)] == [Stopped]
     else:
-        done = next(e for e in fake if isinstance(e, ReplyDone))
+        result = outcomes[0]
+        assert isinstance(result, ReplyResult)
         said = "".join(e.text for e in fake if isinstance(e, Piece))
-        assert done.result.text == said == "You said: Tell me about rivers."
-        assert done.result.report.prompt_tokens == done.result.report.reused_tokens  # warmed
+        assert result.text == said == "You said: Tell me about rivers."
+        assert result.report.prompt_tokens == result.report.reused_tokens  # warmed

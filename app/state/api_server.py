@@ -7,23 +7,22 @@ trees and the window's own engine.
   tree in memory per conversation whoever changes it. The API's worker thread asks the GUI
   thread and waits; the GUI thread never waits on the worker.
 - Engine: API replies go to the window's engine process with request ids of their own; their
-  events are handed to the worker on the engine client's reader thread (`ProcessEngine.tap`).
+  events are handed to the worker by the engine client (`EngineClient.run`, a tap by id).
   The window goes first: an API reply starts only while the window has none running, and
   a reply the window starts while an API reply runs stops that one (`Replies.claiming`):
   its client gets a 503 "the app's user needs the model", or, once its stream has begun,
-  the stream ends with that error; the request's messages are taken back from its tree, as
-  for any request that got no reply. Each side stops only its own reply: a client that goes
-  away never stops the window's, the user's Esc never the API's. An engine that dies under
-  an API request, or before it is sent, answers it 503; the window restarts the engine and
-  the API serves again once the model is loaded. The window warms its own branches; API
-  replies are not warmed here.
+  the stream ends with that error; what the stream had sent stays in its tree as an
+  interrupted reply (engine.service.lifetime's policy). Each side stops only its own reply:
+  a client that goes away never stops the window's, the user's Esc never the API's. An
+  engine that dies under an API request, or before it is sent, answers it 503; the window
+  restarts the engine and the API serves again once the model is loaded. The window warms
+  its own branches; API replies are not warmed here.
 """
 
 from __future__ import annotations
 
 import itertools
 import logging
-import queue
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -38,23 +37,24 @@ from app.state.controller import ChatController
 from app.state.engine_client import ProcessEngine
 from engine.api.schema import ApiError, ChatRequest
 from engine.api.trees import ApiTrees
-from engine.api.worker import ApiWorker, Begun, Preempted
+from engine.api.worker import ApiWorker, Begun
 from engine.config.params import SamplingParams
 from engine.config.settings import Settings
-from engine.core.errors import ArborError, Cancelled, ContextOverflowError
-from engine.core.results import FinishReason, NodeView, ReplyReport, ReplyResult
+from engine.core.errors import Cancelled
+from engine.core.results import (
+    FailureKind,
+    FinishReason,
+    NodeView,
+    Outcome,
+    ReplyFailure,
+    ReplyReport,
+    ReplyResult,
+    Stopped,
+)
 from engine.core.tree import Node
 from engine.llm.reply import CancelFn, PieceFn
-from engine.service.client import EngineCrashed
-from engine.service.protocol import (
-    EngineDied,
-    Event,
-    Failed,
-    GenerateRequest,
-    ModelLoaded,
-    Piece,
-    ReplyDone,
-)
+from engine.service.client import EngineClient, generate_request
+from engine.service.protocol import ModelLoaded
 
 if TYPE_CHECKING:
     from engine.api.server import Server
@@ -112,11 +112,9 @@ class WindowTrees:
     def begin(self, request: ChatRequest, model: str, base_seed: int | None) -> Begun:
         return self._on_gui(lambda: self._trees.begin(request, model, base_seed))
 
-    def finish(self, begun: Begun, result: ReplyResult, cut: str | None) -> list[Node]:
-        return self._on_gui(lambda: self._trees.finish(begun, result, cut))
-
-    def take_back(self, begun: Begun) -> None:
-        self._on_gui(lambda: self._trees.take_back(begun))
+    def finish(self, begun: Begun, outcome: Outcome, streamed: str, cut: str | None
+               ) -> list[Node]:
+        return self._on_gui(lambda: self._trees.finish(begun, outcome, streamed, cut))
 
     def close(self) -> None:
         pass  # the store is the window's
@@ -132,7 +130,7 @@ def _shown(controller: ChatController, conversation_id: int) -> None:
 class WindowEngine:
     """The API's `EngineSide` in the app: the window's engine process, the window first."""
 
-    def __init__(self, controller: ChatController, engine: ProcessEngine,
+    def __init__(self, controller: ChatController, engine: EngineClient,
                  closing: threading.Event) -> None:
         self._controller = controller
         self._replies = controller.replies
@@ -172,57 +170,27 @@ class WindowEngine:
             time.sleep(POLL_S)
 
     def reply(self, path: Sequence[Node], *, max_tokens: int, seed: int, on_piece: PieceFn,
-              cancel: CancelFn, sampling: SamplingParams, scope: str) -> ReplyResult:
+              cancel: CancelFn, sampling: SamplingParams, scope: str,
+              conversation_id: int) -> Outcome:
+        if self._replies.model is None:  # died and restarted since `loaded`: reloading
+            return ReplyFailure(FailureKind.ENGINE_DIED, "the engine process ended")
         request_id = next(self._ids)
-        events: queue.Queue[Event] = queue.Queue()
         with self._lock:
             self._running, self._preempted = request_id, False
-        self._engine.tap(request_id, events.put)  # a dead engine's death comes at once
-        sent = ended = False
         try:
-            if self._replies.model is None:  # died and restarted since `loaded`: reloading
-                raise EngineCrashed("the engine process ended")
-            self._engine.send(GenerateRequest(
-                request_id, -1, -1, tuple(NodeView.of(node) for node in path), None,
-                max_tokens, seed, sampling, scope=scope))  # never the window's scope
-            sent = True
-            stopped = False
-            while True:
-                if self._closing.is_set():  # the window is closing or the API going off
-                    raise Cancelled()
-                if not stopped and cancel():
-                    self._engine.stop(request_id)  # ours alone: never the window's
-                    stopped = True
-                try:
-                    event = events.get(timeout=POLL_S)
-                except queue.Empty:
-                    continue
-                match event:
-                    case Piece():
-                        on_piece(event.text)
-                    case ReplyDone():
-                        ended = True
-                        if (self._preempted
-                                and event.result.report.finish is FinishReason.CANCELLED):
-                            raise Preempted(PREEMPTED)  # stopped after its first words
-                        return event.result
-                    case Failed():
-                        ended = True
-                        if not event.message:
-                            raise Preempted(PREEMPTED) if self._preempted else Cancelled()
-                        if event.overflow is not None:
-                            raise ContextOverflowError(*event.overflow)
-                        raise ArborError(event.message)
-                    case EngineDied():
-                        raise EngineCrashed(f"the engine process ended: {event.describe()}")
-                    case _:
-                        pass
+            outcome = self._engine.run(generate_request(
+                request_id, [NodeView.of(node) for node in path], resume=None,
+                max_tokens=max_tokens, seed=seed, sampling=sampling, scope=scope,
+                conversation_id=conversation_id,
+            ), on_piece=on_piece, cancel=cancel, abandon=self._closing.is_set)
         finally:
-            if sent and not ended:  # closing, or the engine died: never leave it running
-                self._engine.stop(request_id)
             with self._lock:
                 self._running = None
-            self._engine.tap(request_id, None)
+        stopped = isinstance(outcome, Stopped) or (
+            isinstance(outcome, ReplyResult) and outcome.finish is FinishReason.CANCELLED)
+        if self._preempted and stopped:  # stopped for the window's reply
+            return ReplyFailure(FailureKind.PREEMPTED, PREEMPTED)
+        return outcome
 
     def warm_while(self, path: Sequence[Node], idle: Callable[[], bool], scope: str
                    ) -> ReplyReport | None:
@@ -275,7 +243,7 @@ class AppApi(QObject):
         self._closing = threading.Event()
         on_gui = _OnGui(self._closing)
         on_gui.setParent(self)
-        window_engine = WindowEngine(self.controller, engine, self._closing)
+        window_engine = WindowEngine(self.controller, engine.client, self._closing)
         worker = ApiWorker(lambda: WindowTrees(self.controller, on_gui), window_engine)
         worker.start()
         try:

@@ -16,8 +16,8 @@ from typing import TypeVar
 
 from PySide6.QtCore import QObject, Signal
 
-from app.state.engine_client import EngineClient
-from app.state.replies import Replies, global_id
+from app.state.engine_client import QtEngine
+from app.state.replies import Replies
 from engine.config.overrides import Overrides
 from engine.config.settings import Settings
 from engine.core.conversation import Change, Conversation
@@ -40,7 +40,7 @@ class ChatController(QObject):
     # The current conversation was set to a model other than the one loaded: its path.
     model_wanted = Signal(str)
 
-    def __init__(self, store: Store, settings: Settings, engine: EngineClient,
+    def __init__(self, store: Store, settings: Settings, engine: QtEngine,
                  parent: QObject | None = None) -> None:
         super().__init__(parent)
         self.store = store
@@ -272,7 +272,7 @@ class ChatController(QObject):
         if not self.save(cid, [], deleted=change.deleted):
             self.conversation.restore(branch)  # what the views show is what is saved
             return
-        self.replies.send(ForgetRequest(tuple(global_id(cid, i) for i in change.deleted)))
+        self.replies.send(ForgetRequest(cid, tuple(change.deleted)))
 
         def undo() -> None:
             self.open_conversation(cid)  # loaded again if it was closed since

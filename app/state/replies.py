@@ -1,46 +1,47 @@
 """The engine's side of the window, without widgets: the loaded model, the reply in progress,
 warm-ups of the likely next prompt, and every event the engine sends back.
 
-`Replies` turns a core `Change` with a reply job into a `GenerateRequest` (the reply node is
-created and saved first, by `Conversation.start_reply`) and applies what comes back through the
-core (`finish_reply`, `fail_reply`, `adopt_tokens`). It never decides tree semantics or seeds.
-Results of a stopped or superseded request are dropped by request id.
+`Replies` runs a core `Change`'s reply job through its lifetime (`engine.service.lifetime`,
+as the command line and the local API do): the reply node is created and saved first, then
+the engine's pieces and outcome are applied to it on the GUI thread. It never decides tree
+semantics, seeds or what a failure keeps. Events of a stopped or superseded request are
+dropped by request id.
 """
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import itertools
 import logging
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QObject, QTimer, Signal, Slot
 
-from app.state.engine_client import EngineClient
-from engine.core.conversation import Change, ReplyStart
+from app.state.engine_client import QtEngine
+from engine.core.conversation import Change
 from engine.core.errors import ArborError
 from engine.core.overflow import Overflow
-from engine.core.reasoning import OPENED, is_opened
-from engine.core.results import NodeView, Rendered, ReplyReport, ReplyResult
+from engine.core.reasoning import is_opened
+from engine.core.results import NodeView, Outcome, ReplyReport, ReplyResult, Stopped
 from engine.core.tree import Node
+from engine.service.lifetime import ReplyRun
 from engine.service.protocol import (
     EngineDied,
     EngineStarted,
     ExportDone,
     ExportRequest,
-    Failed,
-    GenerateRequest,
+    Finished,
     LoadFailed,
     LoadProgress,
     LoadRequest,
     ModelLoaded,
     Piece,
-    Plan,
     Progress,
-    ReplyDone,
     Request,
     StoreUsage,
     TemplateChanged,
@@ -53,6 +54,10 @@ if TYPE_CHECKING:
     from app.state.controller import ChatController
 
 log = logging.getLogger(__name__)
+
+
+class NotKept(Exception):
+    """A save failed; the controller has told the user."""
 
 # Quiet time after the user's last move before the engine warms the likely next prompt.
 WARM_DELAY_MS = 250
@@ -68,11 +73,17 @@ MAX_RESTARTS = 3
 @dataclass
 class Streaming:
     request_id: int
-    conversation_id: int
-    start: ReplyStart
+    run: ReplyRun  # the reply's lifetime: it applies every event to the conversation
     started: float
-    pieces: int = 0
     answers_edit: bool = False  # the answer to an edit that waited for a reply to stop
+
+    @property
+    def conversation_id(self) -> int:
+        return self.run.conversation_id
+
+    @property
+    def pieces(self) -> int:
+        return self.run.pieces
 
 
 @dataclass(frozen=True)
@@ -102,7 +113,8 @@ class Replies(QObject):
     # reply node id, its text so far, its status, whether it began inside its reasoning
     piece_shown = Signal(int, str, str, bool)
     reply_finished = Signal()
-    reply_failed = Signal(str)  # why; empty when the user stopped it
+    reply_failed = Signal(str)  # why
+    reply_stopped = Signal()  # the user stopped it before it said anything
     report = Signal(object)  # ReplyReport of the finished reply
     # Warm-ups.
     ready = Signal(int)  # a warm-up of the current conversation holds this many tokens
@@ -112,7 +124,7 @@ class Replies(QObject):
     # The engine process died: what happened and what Arbor does about it, in words.
     engine_lost = Signal(str)
 
-    def __init__(self, controller: ChatController, engine: EngineClient) -> None:
+    def __init__(self, controller: ChatController, engine: QtEngine) -> None:
         super().__init__(controller)
         self.controller = controller
         self.engine = engine
@@ -124,13 +136,11 @@ class Replies(QObject):
         self.usage: StoreUsage | None = None
         self.marks: dict[int, dict[int, str]] = {}  # conversation -> node -> "ram" | "disk"
         self.streaming: Streaming | None = None
-        self.last_result: ReplyResult | None = None  # as the engine sent it (global ids)
+        self.last_result: ReplyResult | None = None  # as the engine sent it
         self.editing: int | None = None  # the message being edited in place, if any
         self._pending_edit: PendingEdit | None = None  # submitted during a reply
         self._exports: list[str] = []  # session files the engine is writing (their paths)
         self._request_ids = itertools.count(1)
-        self._sink: StoreSink | None = None
-        self._plan: Plan | None = None
         self.prepare_started = 0.0  # when the reply in progress was sent (monotonic)
         self._warmed_path: tuple[int, ...] | None = None  # what the last warm-up prepared
         self._warm_timer = QTimer(self, singleShot=True, interval=WARM_DELAY_MS)
@@ -185,9 +195,23 @@ class Replies(QObject):
         conversation = controller.conversations[conversation_id]
         tree = conversation.tree
         leaf = tree.active_leaf
-        start = conversation.start_reply(job)
-        if not controller.save(conversation_id, [start.reply]):
-            conversation.fail_reply(start)  # not saved: not shown either
+        sink = StoreSink(controller.store, conversation_id)
+
+        def keep(nodes: Sequence[Node], deleted: Sequence[int]) -> None:
+            if not controller.save(conversation_id, nodes, deleted):
+                raise NotKept  # the controller has told the user
+
+        def streaming(node: Node) -> None:
+            try:
+                sink.streaming(node)  # saved at most a second behind
+            except ArborError as exc:  # a full disk, say: the final save will say so too
+                log.warning("the growing reply could not be saved: %s", exc)
+                controller.notice.emit(f"The reply could not be saved yet: {exc}", 4000)
+
+        try:
+            run = ReplyRun.begin(conversation, job, keep, conversation_id=conversation_id,
+                                 streaming=streaming)
+        except NotKept:  # not saved: not shown either
             if leaf in tree:
                 tree.set_active(leaf)
             controller.changed.emit()
@@ -195,23 +219,15 @@ class Replies(QObject):
         overrides = controller.overrides(conversation_id)
         settings = overrides.apply(controller.settings)  # the conversation's own, over defaults
         request_id = next(self._request_ids)
-        self.streaming = Streaming(request_id, conversation_id, start, time.monotonic())
-        self._sink = StoreSink(controller.store, conversation_id)
-        self._plan = None
+        self.streaming = Streaming(request_id, run, time.monotonic())
         self._warm_timer.stop()
         self._warmed_path = None
         self.claiming.emit()  # at once: an API reply's stop goes out before this request
-        self.engine.send(GenerateRequest(
-            request_id=request_id,
-            conversation_id=conversation_id,
-            reply_id=start.reply.id,
-            path=tuple(_view(conversation_id, node) for node in start.path),
-            resume=_view(conversation_id, start.resume) if start.resume is not None else None,
-            max_tokens=settings.max_tokens,
+        self.engine.send(run.request(
+            request_id, max_tokens=settings.max_tokens,
             seed=conversation.reply_seed(settings.seed),
             sampling=None if overrides.is_default else settings.sampling(),
-            overflow=settings.overflow,
-        ))
+            overflow=settings.overflow))
         self.prepare_started = time.monotonic()
         self.streaming_changed.emit()
         controller.changed.emit()
@@ -236,13 +252,8 @@ class Replies(QObject):
                 self._on_piece(event)
             case Progress():
                 self._on_progress(event)
-            case Plan():
-                if self._mine(event.request_id) is not None:
-                    self._plan = event
-            case ReplyDone():
-                self._on_reply(event)
-            case Failed():
-                self._on_failed(event)
+            case Finished():
+                self._on_finished(event)
             case Warmed():
                 self._on_warmed(event)
             case StoreUsage():
@@ -285,7 +296,7 @@ class Replies(QObject):
                 streaming.answers_edit  # the edit ran, its answer had not begun
                 or died.kernels_fallback is not None):  # the question is asked again
 
-            asked = streaming.start.path[-1]
+            asked = streaming.run.start.path[-1]
             pending = PendingEdit(streaming.conversation_id, asked.id, None)
         if streaming is not None:
             self.interrupt(streaming)
@@ -340,15 +351,7 @@ class Replies(QObject):
     def _on_progress(self, progress: Progress) -> None:
         if self._mine(progress.request_id) is None:
             return
-        self.preparing.emit(progress.done, progress.total, self.plan_text(progress.total))
-
-    def plan_text(self, total: int) -> str:
-        plan = self._plan
-        if plan is None or plan.source == "none":
-            return f"Reading the conversation from the start: {total:,} tokens"
-        where = "restored checkpoint" if plan.source == "checkpoint" else "kept the cache"
-        return (f"{where} at {plan.reused_tokens:,} of {plan.prompt_tokens:,} tokens, "
-                f"decoding {plan.prompt_tokens - plan.reused_tokens:,}")
+        self.preparing.emit(progress.done, progress.total, progress.reuse.describe())
 
     @property
     def last_reply(self) -> ReplyReport | None:
@@ -357,58 +360,49 @@ class Replies(QObject):
 
     def _on_piece(self, piece: Piece) -> None:
         streaming = self._mine(piece.request_id)
-        tree = self.controller.tree_of(piece.conversation_id)
-        if streaming is None or tree is None or piece.reply_id not in tree:
+        if streaming is None or streaming.run.taken_back:
             return
-        node = tree.node(piece.reply_id)
-        node.text += piece.text
-        if piece.reasoning_opened:
-            node.meta[OPENED] = True  # the finished reply's meta says so too
-        streaming.pieces += 1
+        node = streaming.run.piece(piece.text, opened=piece.reasoning_opened)
         self.answering_rate.emit(
             streaming.pieces / max(1e-3, time.monotonic() - streaming.started))
-        if self._sink is not None:
-            try:
-                self._sink.streaming(node)  # saved at most a second behind
-            except ArborError as exc:  # a full disk, say: the final save will say so too
-                log.warning("the growing reply could not be saved: %s", exc)
-                self.controller.notice.emit(f"The reply could not be saved yet: {exc}", 4000)
-        if piece.conversation_id == self.controller.current:
+        if streaming.conversation_id == self.controller.current:
             self.piece_shown.emit(node.id, node.text, node.status.value, is_opened(node.meta))
 
-    def _on_reply(self, done: ReplyDone) -> None:
-        if self._mine(done.request_id) is None:
-            return
-        self.last_result = done.result
-        conversation = self.controller.conversations.get(done.conversation_id)
-        if conversation is not None and done.reply_id in conversation.tree:
-            result = replace(done.result, rendered=_local(done.result.rendered))
-            change = conversation.finish_reply(done.reply_id, result)
-            self.controller.save(done.conversation_id, change.nodes, change.deleted)
-        self.report.emit(done.result.report)
-        self._end_reply()
-
-    def _on_failed(self, failed: Failed) -> None:
-        streaming = self._mine(failed.request_id)
+    def _on_finished(self, finished: Finished) -> None:
+        streaming = self._mine(finished.request_id)
         if streaming is None:
             return
-        self.interrupt(streaming)
+        outcome = finished.outcome
+        self._apply(streaming, outcome)
+        if isinstance(outcome, ReplyResult):
+            self.last_result = outcome
+            self.report.emit(outcome.report)
+            self._end_reply()
+            return
         self._end_reply()
-        message = failed.message
+        if isinstance(outcome, Stopped):
+            self.reply_stopped.emit()
+            return
+        message = outcome.message
         settings = self.controller.overrides(streaming.conversation_id).apply(
             self.controller.settings)
-        if failed.overflow is not None and settings.overflow is Overflow.STOP:
+        if outcome.overflow is not None and settings.overflow is Overflow.STOP:
             message += (". Or let Arbor leave the oldest messages out when the context is "
                         "full: Edit > Conversation settings, or Settings for every "
                         "conversation.")
         self.reply_failed.emit(message)
 
+    def _apply(self, streaming: Streaming, outcome: Outcome) -> None:
+        """The reply's lifetime applies the outcome (its failure policy), unless its
+        conversation has been closed since."""
+        if streaming.conversation_id in self.controller.conversations:
+            with contextlib.suppress(NotKept):  # the controller has told the user
+                streaming.run.finish(outcome)
+
     def interrupt(self, streaming: Streaming) -> None:
-        """Keep what a reply said as interrupted (it can be continued), or take it back."""
-        conversation = self.controller.conversations.get(streaming.conversation_id)
-        if conversation is not None:
-            change = conversation.fail_reply(streaming.start)
-            self.controller.save(streaming.conversation_id, change.nodes, change.deleted)
+        """The reply ends without the engine's word (the engine died, the window closes):
+        what it said is kept as interrupted (it can be continued), or it is taken back."""
+        self._apply(streaming, Stopped())
 
     def _end_reply(self, *, warm: bool = True) -> None:
         self.streaming = None
@@ -441,8 +435,7 @@ class Replies(QObject):
         current = self.controller.current
         shown = self.marks.get(current) if current is not None else None
         self.marks = {}
-        for key, tier in usage.nodes:
-            cid, nid = split_id(key)
+        for cid, nid, tier in usage.nodes:
             self.marks.setdefault(cid, {})[nid] = tier
         self.model_changed.emit()
         if current is not None and self.marks.get(current) != shown:
@@ -473,14 +466,14 @@ class Replies(QObject):
                 or not self.engine.running):  # closed: the store may be closed too
             return
         path = self.controller.conversations[cid].warm_path(self.editing)
-        key = tuple(global_id(cid, node.id) for node in path)
+        key = (cid, *(node.id for node in path))
         if not path or key == self._warmed_path:
             return
         self._warmed_path = key
         self.ready.emit(0)  # a "ready" shown was about another branch
         settings = self.controller.overrides(cid).apply(self.controller.settings)
         self.engine.send(WarmRequest(self.engine.epoch(), cid,
-                                     tuple(_view(cid, node) for node in path),
+                                     tuple(NodeView.of(node) for node in path),
                                      settings.max_tokens, settings.overflow))
 
     def _on_warmed(self, warmed: Warmed) -> None:
@@ -490,7 +483,7 @@ class Replies(QObject):
         if conversation is not None:
             # What the warm-up rendered is what those nodes keep: the request that follows
             # finds them rendered (a template with the date in it cannot move them).
-            adopted = conversation.adopt_tokens(_local(warmed.rendered))
+            adopted = conversation.adopt_tokens(warmed.rendered)
             if adopted and not self.controller.save(warmed.conversation_id, adopted):
                 for node in adopted:
                     node.tokens = None
@@ -498,21 +491,3 @@ class Replies(QObject):
                 and warmed.prompt_tokens):
             self.ready.emit(warmed.prompt_tokens)
         self.warmed.emit(warmed)
-
-
-def global_id(conversation_id: int, node_id: int) -> int:
-    """A node's id for the engine: its checkpoints never collide with another conversation's."""
-    return (conversation_id << 32) | node_id
-
-
-def split_id(key: int) -> tuple[int, int]:
-    return key >> 32, key & 0xFFFFFFFF
-
-
-def _view(conversation_id: int, node: Node) -> NodeView:
-    return NodeView.of(node, id=global_id(conversation_id, node.id))
-
-
-def _local(rendered: Rendered) -> Rendered:
-    """Rendered tokens keyed by the conversation's own node ids."""
-    return tuple((split_id(key)[1], tokens) for key, tokens in rendered)

@@ -2,7 +2,7 @@
 
 - `ChatController` (app.state.controller): the open conversations and every operation on them,
   through the Qt-free core; `Replies` (app.state.replies): the engine's side (the model, the reply
-  in progress, warm-ups) over an `EngineClient` (app.state.engine_client): the engine in a process
+  in progress, warm-ups) over a `QtEngine` (app.state.engine_client): the engine in a process
   of its own, which owns llama.cpp.
 - `StatusArea` (app.window.status): every line about what the engine is doing.
 - `FileActions` (app.window.files) and `ModelSettings` (app.window.model_settings): the dialogs.
@@ -50,7 +50,7 @@ from app.look.icons import icon
 from app.look.theme import theme_events
 from app.state.api_server import AppApi
 from app.state.controller import ChatController
-from app.state.engine_client import EngineClient, ProcessEngine
+from app.state.engine_client import ProcessEngine, QtEngine
 from app.tree.tree_panel import TreePanel, panel_nodes_from_tree
 from app.window.context_gauge import ContextGauge
 from app.window.files import FileActions
@@ -80,7 +80,7 @@ class MainWindow(QMainWindow):
         *,
         store: Store | None = None,
         settings: Settings | None = None,
-        engine: EngineClient | None = None,
+        engine: QtEngine | None = None,
     ) -> None:
         """`engine`: the app's is a `ProcessEngine` (the default); tests and the benchmark
         may pass a `ThreadEngine`."""
@@ -300,8 +300,7 @@ class MainWindow(QMainWindow):
 
     @Slot(str)
     def _on_reply_failed(self, message: str) -> None:
-        if message:
-            QMessageBox.warning(self, "Arbor", message)
+        QMessageBox.warning(self, "Arbor", message)
 
     # --- small interactions ------------------------------------------------------------------
 

@@ -43,7 +43,7 @@ class StatusArea(QObject):
         replies.answering_rate.connect(self._on_rate)
         replies.report.connect(self._on_report)
         replies.reply_finished.connect(self._on_reply_finished)
-        replies.reply_failed.connect(self._on_reply_failed)
+        replies.reply_stopped.connect(self._on_reply_stopped)
         replies.ready.connect(self._on_ready)
 
     def message(self, text: str, timeout_ms: int = 0) -> None:
@@ -143,10 +143,9 @@ class StatusArea(QObject):
         self.progress.setVisible(False)
         self.label.clear()
 
-    @Slot(str)
-    def _on_reply_failed(self, message: str) -> None:
-        if not message:  # the user stopped it (a failure gets a message box of its own)
-            self.message("Stopped.", 4000)
+    @Slot()
+    def _on_reply_stopped(self) -> None:
+        self.message("Stopped.", 4000)  # a failure gets a message box of its own
 
     @Slot(int)
     def _on_ready(self, prompt_tokens: int) -> None:

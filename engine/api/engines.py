@@ -9,10 +9,10 @@ from pathlib import Path
 from engine.config.params import SamplingParams
 from engine.config.settings import Settings
 from engine.core.errors import ArborError
-from engine.core.results import ReplyReport, ReplyResult
+from engine.core.results import NodeView, Outcome, ReplyReport
 from engine.core.tree import Node
 from engine.llm.reply import CancelFn, PieceFn
-from engine.service.client import RemoteReplier
+from engine.service.client import ClientKind, EngineClient, engine_log, generate_request
 from engine.service.process import SHUTDOWN_TIMEOUT_S
 from engine.service.protocol import ModelLoaded
 
@@ -23,12 +23,13 @@ class OwnEngine:
     """An `EngineSide` with an engine process of its own (see engine.api.worker)."""
 
     def __init__(self, model: Path, settings: Settings,
-                 replier: Callable[[], RemoteReplier] = RemoteReplier) -> None:
+                 replier: Callable[[], EngineClient] | None = None) -> None:
         """Loads the model; raises ArborError if it cannot."""
         self.model = model
         self.settings = settings
-        self._new_replier = replier
-        self._replier: RemoteReplier | None = None
+        self._new_replier = replier or (
+            lambda: EngineClient.make(ClientKind.PROCESS, log_file=engine_log()))
+        self._replier: EngineClient | None = None
         self._loaded: ModelLoaded | None = None
         self._closed = False
         self._load()
@@ -46,17 +47,20 @@ class OwnEngine:
         return self.settings.seed
 
     def reply(self, path: Sequence[Node], *, max_tokens: int, seed: int, on_piece: PieceFn,
-              cancel: CancelFn, sampling: SamplingParams, scope: str) -> ReplyResult:
-        assert self._replier is not None
-        return self._replier.reply(path, resume=None, max_tokens=max_tokens, seed=seed,
-                                   on_piece=on_piece, cancel=cancel, sampling=sampling,
-                                   scope=scope)
+              cancel: CancelFn, sampling: SamplingParams, scope: str,
+              conversation_id: int) -> Outcome:
+        client = self._replier
+        assert client is not None
+        return client.reply(generate_request(
+            client.next_id(), [NodeView.of(node) for node in path], resume=None,
+            max_tokens=max_tokens, seed=seed, sampling=sampling, scope=scope,
+            conversation_id=conversation_id), on_piece=on_piece, cancel=cancel)
 
     def warm_while(self, path: Sequence[Node], idle: Callable[[], bool], scope: str
                    ) -> ReplyReport | None:
         if self._replier is None:
             return None
-        return self._replier.warm_while(path, idle, scope=scope)
+        return self._replier.warm(path, idle=idle, scope=scope)[0]
 
     def recover(self) -> None:
         """A new engine process with the same model (if it loads); none once closed (the

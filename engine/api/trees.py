@@ -27,11 +27,12 @@ from pathlib import Path
 
 from engine.api.schema import ChatRequest, Message
 from engine.api.worker import Begun
-from engine.core.conversation import Conversation, ReplyJob, ReplyStart
+from engine.core.conversation import Conversation, ReplyJob
 from engine.core.errors import ArborError
 from engine.core.reasoning import OPENED, is_opened
-from engine.core.results import FinishReason, NodeView, ReplyResult
+from engine.core.results import FinishReason, NodeView, Outcome, ReplyResult
 from engine.core.tree import Node, NodeStatus, Tree
+from engine.service.lifetime import ReplyRun
 from engine.storage.store import Store
 
 log = logging.getLogger(__name__)
@@ -65,7 +66,8 @@ class Placed:
 
     tree: ApiTree
     added: tuple[Node, ...]
-    start: ReplyStart
+    run: ReplyRun  # the reply's lifetime
+    created: bool  # its conversation was made for this request
 
 
 class ApiTrees:
@@ -99,41 +101,57 @@ class ApiTrees:
                 match = tree.add_child(node.id, message.role, message.text)
                 added.append(match)
             node = match
-        start = conversation.start_reply(ReplyJob(node.id))
-        placed = Placed(held, tuple(added), start)
-        if held.id is not None and self._save_streaming:  # a new tree: whole, when answered
-            try:
-                self._save(held, [*added, start.reply])
-            except ArborError:  # the memory keeps what the store has, no more
-                _delete(tree, placed)
-                raise
-        seed = conversation.reply_seed(base_seed)
-        return Begun(placed, tuple(NodeView.of(n).to_node() for n in start.path), seed)
+        created = held.id is None
 
-    def finish(self, begun: Begun, result: ReplyResult, cut: str | None) -> list[Node]:
-        placed = _placed(begun)
-        conversation = placed.tree.conversation
-        finished = conversation.finish_reply(placed.start.reply.id, result)
-        if cut is not None:  # its tokens went past the cut: rendered again from the text
-            reply = conversation.tree.node(placed.start.reply.id)
-            reply.tokens, reply.meta = None, {"finish": FinishReason.STOP.value,
-                                              OPENED: is_opened(reply.meta)}
-            reply.status = NodeStatus.COMPLETE
+        def keep(nodes: Sequence[Node], deleted: Sequence[int]) -> None:
+            # Kept as it goes when streaming replies are (the app: a new tree too, so that its
+            # id names its nodes' checkpoints in the engine); else once answered (`finish`).
+            if self._save_streaming:
+                self._save(held, nodes, deleted)
+
         try:
-            self._save(placed.tree, [*placed.added, *finished.nodes], finished.deleted)
-        except ArborError:  # the request is taken back whole, in memory and in the store
-            self.take_back(begun)
+            run = ReplyRun.begin(conversation, ReplyJob(node.id), keep, with_nodes=added)
+        except ArborError:  # the memory keeps what the store has, no more
+            for new in added:
+                if new.id in tree:
+                    tree.delete_branch(new.id)
             raise
-        return conversation.warm_path()
+        run.conversation_id = held.id or 0
+        placed = Placed(held, tuple(added), run, created)
+        seed = conversation.reply_seed(base_seed)
+        return Begun(placed, tuple(NodeView.of(n).to_node() for n in run.start.path), seed,
+                     run.conversation_id)
 
-    def take_back(self, begun: Begun) -> None:
+    def finish(self, begun: Begun, outcome: Outcome, streamed: str, cut: str | None
+               ) -> list[Node]:
         placed = _placed(begun)
+        run, held = placed.run, placed.tree
+        if not isinstance(outcome, ReplyResult) and streamed:
+            run.piece(streamed)  # what the client was sent (its pieces come in at the end)
+        try:
+            change = run.finish(outcome, amend=_cut if cut is not None else None)
+            if run.taken_back:  # it said nothing: the request leaves its tree as it was
+                self._take_back(placed)
+                return []
+            if not self._save_streaming:
+                self._save(held, [*placed.added, *change.nodes], change.deleted)
+        except ArborError:  # the request is taken back whole, in memory and in the store
+            self._take_back(placed)
+            raise
+        return held.conversation.warm_path() if isinstance(outcome, ReplyResult) else []
+
+    def _take_back(self, placed: Placed) -> None:
         gone = _delete(placed.tree.conversation.tree, placed)
         if placed.tree.id is None:
             self._open.pop(placed.tree.key, None)
             return
         if not self._save_streaming:
             return  # nothing of this request reached the store
+        if placed.created:  # made for this request: it goes whole
+            self._open.pop(placed.tree.key, None)
+            self.store.discard(placed.tree.id)
+            self._saved(placed.tree.id)
+            return
         try:
             self._save(placed.tree, (), gone)
         except ArborError as exc:
@@ -181,10 +199,18 @@ class LocalTrees(ApiTrees):
         self.store.close()
 
 
+def _cut(reply: Node) -> None:
+    """A reply cut at a stop sequence: its tokens went past the cut, so it is rendered again
+    from its text."""
+    reply.tokens, reply.meta = None, {"finish": FinishReason.STOP.value,
+                                      OPENED: is_opened(reply.meta)}
+    reply.status = NodeStatus.COMPLETE
+
+
 def _delete(tree: Tree, placed: Placed) -> list[int]:
     """Take a request's reply and the messages it added out of `tree`; the ids gone."""
     gone: list[int] = []
-    for node_id in (placed.start.reply.id, *(n.id for n in placed.added)):
+    for node_id in (placed.run.reply.id, *(n.id for n in placed.added)):
         if node_id in tree:
             gone += tree.delete_branch(node_id)
     return gone

@@ -3,11 +3,12 @@
 The HTTP side hands a `Job` to `ApiWorker.submit` (a bounded queue: a full one is a 429) and
 reads what the job delivers: pieces of text, then the outcome or an error. The worker thread
 takes the jobs in order. For each it asks its `TreeSide` to place the request in its tree
-(`engine.api.trees`), runs the reply on its `EngineSide`, and hands the result back to the
-tree side to save. `arbor-engine serve` has both sides to itself (`LocalTrees`, `OwnEngine`:
-llama.cpp in a process of its own, restarted if it dies); in the app they are the window's
-trees and the window's engine. A job whose client went away is cancelled: its reply stops
-within one token, or it never starts.
+(`engine.api.trees`), runs the reply on its `EngineSide` (whoever owns the engine: both reply
+through `engine.service.client.EngineClient`), and hands the outcome back to the tree side,
+whose reply lifetime applies and saves it. `arbor-engine serve` has both sides to itself
+(`LocalTrees`, `OwnEngine`: llama.cpp in a process of its own, restarted if it dies); in the
+app they are the window's trees and the window's engine. A job whose client went away is
+cancelled: its reply stops within one token, or it never starts.
 """
 
 from __future__ import annotations
@@ -22,11 +23,18 @@ from typing import Protocol
 from engine.api.schema import ApiError, ChatRequest, Usage
 from engine.api.stops import StopScanner
 from engine.config.params import SamplingParams
-from engine.core.errors import ArborError, Cancelled, ContextOverflowError
-from engine.core.results import FinishReason, ReplyReport, ReplyResult
+from engine.core.errors import ArborError, Cancelled, EngineCrashed
+from engine.core.results import (
+    FailureKind,
+    FinishReason,
+    ReplyFailure,
+    ReplyReport,
+    ReplyResult,
+    Stopped,
+)
+from engine.core.results import Outcome as ReplyOutcome
 from engine.core.tree import Node
 from engine.llm.reply import CancelFn, PieceFn
-from engine.service.client import EngineCrashed
 from engine.service.protocol import ModelLoaded
 
 log = logging.getLogger(__name__)
@@ -72,9 +80,10 @@ class Job:
 class Begun:
     """A request placed in its tree, its reply node made: what the engine needs."""
 
-    token: object  # the tree side's own handle on the reply
+    token: object  # the tree side's own handle on the reply (its lifetime)
     path: tuple[Node, ...]  # private copies: root .. the message to answer
     seed: int
+    conversation_id: int  # the engine keys the path's checkpoints by it (0: none yet)
 
 
 class TreeSide(Protocol):
@@ -82,20 +91,14 @@ class TreeSide(Protocol):
 
     def begin(self, request: ChatRequest, model: str, base_seed: int | None) -> Begun: ...
 
-    def finish(self, begun: Begun, result: ReplyResult, cut: str | None) -> list[Node]:
-        """Save the reply (`cut`: its text ended at a stop sequence there); returns the
-        branch to warm while idle."""
-
-    def take_back(self, begun: Begun) -> None:
-        """A request that got no reply leaves its tree as it was."""
+    def finish(self, begun: Begun, outcome: ReplyOutcome, streamed: str, cut: str | None
+               ) -> list[Node]:
+        """Apply how the reply ended (engine.service.lifetime's policy: the text `streamed`
+        to the client is kept, even when it failed) and save it; `cut`: its text ended at a
+        stop sequence there. A request whose reply said nothing leaves its tree as it was.
+        Returns the branch to warm while idle (none after a failure)."""
 
     def close(self) -> None: ...
-
-
-class Preempted(ArborError):
-    """The engine's owner took it back for a reply of its own (the app's user sent a
-    message): this request's reply was stopped. The client gets a 503, or, once its stream
-    has begun, the stream ends with that error."""
 
 
 class EngineSide(Protocol):
@@ -110,9 +113,12 @@ class EngineSide(Protocol):
     def base_seed(self) -> int | None: ...
 
     def reply(self, path: Sequence[Node], *, max_tokens: int, seed: int, on_piece: PieceFn,
-              cancel: CancelFn, sampling: SamplingParams, scope: str) -> ReplyResult:
+              cancel: CancelFn, sampling: SamplingParams, scope: str,
+              conversation_id: int) -> ReplyOutcome:
         """`scope`: the request's cache scope (ChatRequest.scope): the engine reuses only
-        that scope's state, so what it reports as cached is the client's own."""
+        that scope's state, so what it reports as cached is the client's own. A reply the
+        engine's owner took back fails as `FailureKind.PREEMPTED`: its client gets a 503, or,
+        once its stream has begun, the stream ends with that error."""
 
     def warm_while(self, path: Sequence[Node], idle: Callable[[], bool], scope: str
                    ) -> ReplyReport | None: ...
@@ -262,8 +268,10 @@ class ApiWorker:
         except ArborError as exc:  # the store: locked past its timeout, a full disk
             raise _not_saved(exc) from None
         stops = StopScanner(request.stop)
+        streamed: list[str] = []
 
         def on_piece(piece: str) -> None:
+            streamed.append(piece)
             shown = stops.feed(piece)
             if shown:
                 job.deliver(Text(shown))
@@ -273,27 +281,31 @@ class ApiWorker:
             sampling = replace(sampling, temperature=request.temperature)
         if request.top_p is not None:
             sampling = replace(sampling, top_p=request.top_p)
+        outcome = engine.reply(
+            begun.path, max_tokens=request.max_tokens or loaded.n_ctx, seed=begun.seed,
+            on_piece=on_piece, sampling=sampling, scope=request.scope,
+            conversation_id=begun.conversation_id,
+            cancel=lambda: job.cancelled.is_set() or stops.hit)
+        if isinstance(outcome, ReplyResult):
+            if not stops.hit:
+                rest = stops.flush()
+                if rest:
+                    job.deliver(Text(rest))
+            else:  # cut at a stop sequence: the node keeps the text the client got
+                outcome = replace(outcome, text=stops.text,
+                                  report=replace(outcome.report, finish=FinishReason.STOP))
         try:
-            result = engine.reply(
-                begun.path, max_tokens=request.max_tokens or loaded.n_ctx, seed=begun.seed,
-                on_piece=on_piece, sampling=sampling, scope=request.scope,
-                cancel=lambda: job.cancelled.is_set() or stops.hit)
-        except ArborError as exc:
-            trees.take_back(begun)
-            if isinstance(exc, EngineCrashed):
-                engine.recover()
-            raise _api_error(exc) from None
-        if not stops.hit:
-            rest = stops.flush()
-            if rest:
-                job.deliver(Text(rest))
-        else:  # cut at a stop sequence: the node keeps the text the client got
-            result = replace(result, text=stops.text,
-                             report=replace(result.report, finish=FinishReason.STOP))
-        try:
-            self._warm_path = trees.finish(begun, result, stops.text if stops.hit else None)
+            warm = trees.finish(begun, outcome, "".join(streamed),
+                                stops.text if stops.hit else None)
         except ArborError as exc:  # taken back: the tree is as it was before the request
             raise _not_saved(exc) from None
+        if not isinstance(outcome, ReplyResult):
+            if isinstance(outcome, ReplyFailure) and outcome.kind in (FailureKind.ENGINE_DIED,
+                                                                      FailureKind.KERNELS):
+                engine.recover()
+            raise _api_error(outcome)
+        result = outcome
+        self._warm_path = warm
         self._warm_scope = request.scope
         report = result.report
         self.stats = replace(self.stats, requests=self.stats.requests + 1,
@@ -335,13 +347,16 @@ def _shutting_down() -> ApiError:
     return ApiError(503, "the server is shutting down", type="server_error")
 
 
-def _api_error(exc: ArborError) -> ApiError:
-    if isinstance(exc, Cancelled):
+def _api_error(outcome: Stopped | ReplyFailure) -> ApiError:
+    if isinstance(outcome, Stopped):
         return ApiError(499, "the client went away", type="cancelled")
-    if isinstance(exc, ContextOverflowError):
-        return ApiError(400, str(exc), param="messages", code="context_length_exceeded")
-    if isinstance(exc, EngineCrashed):
-        return ApiError(503, f"{exc}; the model is being loaded again", type="server_error")
-    if isinstance(exc, Preempted):
-        return ApiError(503, str(exc), type="server_error", code="preempted")
-    return ApiError(500, str(exc), type="server_error")
+    match outcome.kind:
+        case FailureKind.OVERFLOW:
+            return ApiError(400, outcome.message, param="messages",
+                            code="context_length_exceeded")
+        case FailureKind.ENGINE_DIED | FailureKind.KERNELS:
+            return ApiError(503, f"{outcome.message}; the model is being loaded again",
+                            type="server_error")
+        case FailureKind.PREEMPTED:
+            return ApiError(503, outcome.message, type="server_error", code="preempted")
+    return ApiError(500, outcome.message, type="server_error")

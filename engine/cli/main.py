@@ -22,14 +22,20 @@ from engine.bench.main import add_arguments as add_bench_arguments
 from engine.cli import hub as hub_cli
 from engine.config.endpoints import RpcError, parse_endpoints
 from engine.config.params import CacheMode, CheckpointOptions
-from engine.core.errors import ArborError, ModelLoadError, ModelNotFoundError, printable
+from engine.core.errors import (
+    ArborError,
+    EngineCrashed,
+    ModelLoadError,
+    ModelNotFoundError,
+    printable,
+)
 from engine.core.schedule import DEFAULT_INTERVAL
 from engine.files.paths import data_dirs
 from engine.files.regular import FormatError
 from engine.llm.rpc import run_worker, unreachable
 from engine.models.files import list_models, read_model_info, resolve_model
 from engine.models.remote import BadRepoNameError, HubNotFoundError
-from engine.service.client import EngineCrashed, engine_log
+from engine.service.client import engine_log
 from engine.service.scenario import ScenarioError, load_scenario
 from engine.storage.store import Store, StoreOpenError
 from engine.storage.transfer import (

@@ -62,3 +62,12 @@ class Cancelled(ArborError):
 
     def __init__(self) -> None:
         super().__init__("stopped")
+
+
+class EngineCrashed(ArborError):
+    """The engine process ended in the middle of a request."""
+
+
+class KernelsCrashed(EngineCrashed):
+    """It faulted loading a model or on its first prompt: the next load goes without weight
+    repacking (engine.llm.repack), so the request is worth one more try."""

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
+from engine.core.errors import ArborError, ContextOverflowError, EngineCrashed, KernelsCrashed
 from engine.core.tree import Node, Role
 
 if TYPE_CHECKING:
@@ -33,6 +34,25 @@ class FinishReason(StrEnum):
 
 
 @dataclass(frozen=True)
+class Reuse:
+    """What a prepare reuses and from where, fixed before it decodes anything: what a
+    progress bar says (a reply's `ReplyReport` says it again with the figures)."""
+
+    prompt_tokens: int
+    reused_tokens: int
+    source: Source
+    checkpoint_pos: int | None  # the restored checkpoint's last position
+
+    def describe(self) -> str:
+        """What the prepare reuses, for a person watching it decode."""
+        if self.source is Source.NONE:
+            return f"Reading the conversation from the start: {self.prompt_tokens:,} tokens"
+        where = "restored checkpoint" if self.source is Source.CHECKPOINT else "kept the cache"
+        return (f"{where} at {self.reused_tokens:,} of {self.prompt_tokens:,} tokens, "
+                f"decoding {self.prompt_tokens - self.reused_tokens:,}")
+
+
+@dataclass(frozen=True)
 class NodeView:
     """What the engine needs of a node: never the node itself (its owner keeps that)."""
 
@@ -50,14 +70,15 @@ class NodeView:
                         open_len if isinstance(open_len, int) else None,
                         prompt_len if isinstance(prompt_len, int) else None)
 
-    def to_node(self) -> Node:
-        """A private, mutable copy for the engine."""
+    def to_node(self, id: int | None = None) -> Node:
+        """A private, mutable copy for the engine (under `id`, if given)."""
         meta: dict[str, object] = {}
         if self.open_len is not None:
             meta["open_len"] = self.open_len
         if self.prompt_len is not None:
             meta["prompt_len"] = self.prompt_len
-        return Node(id=self.id, parent=None, role=self.role, text=self.text, created=0.0,
+        return Node(id=self.id if id is None else id, parent=None, role=self.role,
+                    text=self.text, created=0.0,
                     tokens=self.tokens, meta=meta)
 
 
@@ -126,3 +147,47 @@ class ReplyResult:
     def finish(self) -> FinishReason:
         assert self.report.finish is not None
         return self.report.finish
+
+
+@dataclass(frozen=True)
+class Stopped:
+    """A reply stopped before it said anything (by its front end, or pre-empted). One
+    stopped after it said something is a `ReplyResult` finished as `FinishReason.CANCELLED`:
+    what it said is kept."""
+
+    rendered: Rendered = ()  # path nodes rendered before the stop: they keep these tokens
+
+
+class FailureKind(StrEnum):
+    ERROR = "error"  # a user-facing error (engine.core.errors)
+    OVERFLOW = "overflow"  # the prompt did not fit the context
+    INTERNAL = "internal"  # a bug in the engine; logged there
+    ENGINE_DIED = "engine_died"  # the engine process ended under the reply
+    KERNELS = "kernels"  # it ended loading or on its first prompt: worth one more try
+    PREEMPTED = "preempted"  # the engine's owner (the app's user) took it for their reply
+
+
+@dataclass(frozen=True)
+class ReplyFailure:
+    """Why a reply failed, as a value that crosses the process boundary."""
+
+    kind: FailureKind
+    message: str
+    overflow: tuple[int, int] | None = None  # OVERFLOW: (the prompt's tokens, n_ctx)
+    rendered: Rendered = ()  # path nodes rendered before the failure: they keep these tokens
+
+    def error(self) -> ArborError:
+        """The exception a blocking caller raises for it."""
+        match self.kind:
+            case FailureKind.OVERFLOW if self.overflow is not None:
+                return ContextOverflowError(*self.overflow)
+            case FailureKind.ENGINE_DIED:
+                return EngineCrashed(self.message)
+            case FailureKind.KERNELS:
+                return KernelsCrashed(self.message)
+        return ArborError(self.message)
+
+
+# How a reply ended: what it said (finished, or stopped after saying something), a stop
+# before it said anything, or a typed failure.
+Outcome = ReplyResult | Stopped | ReplyFailure

@@ -2,10 +2,9 @@
 
 `Generator` owns the runtime, the prompt builder and the checkpoint store. It reads a path of
 nodes (their role, text and tokens; it fills in tokens a node does not have yet) and produces
-a reply's text and tokens, but never changes the tree's shape. `Session` applies its results to
-a tree on the same thread (the command line, the tests); the window's engine runs it in a
-process of its own on copies of the path, and the window applies the results on its GUI
-thread.
+a reply's text and tokens, but never changes the tree's shape. The engine service runs it on
+copies of a path (on the engine's thread or in its process); every front end applies the
+results to its tree (engine.service.lifetime).
 """
 
 from __future__ import annotations

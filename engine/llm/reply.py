@@ -1,9 +1,9 @@
 """One reply, start to finish: prepare the prompt, generate, finish the reply's tokens.
 
-Every front end runs a reply through `run_reply`: `Session` on its own thread (the command
-line, the tests), the engine service in the engine process (the window, `serve`). It reads
-a path of nodes and returns plain values (`ReplyResult`, with its `ReplyReport`); applying them
-to a tree is the conversation core's business (`Conversation.finish_reply`).
+The engine service (engine.service.handler) runs every reply through `run_reply`, on the
+engine's thread or in its process, for every front end. It reads a path of nodes and returns
+plain values (`ReplyResult`, with its `ReplyReport`); applying them to a tree is the reply's
+lifetime's business (engine.service.lifetime).
 
 This module loads no native library: the generator is only named in annotations, so the value
 types can cross a process boundary and be read where no model is loaded.

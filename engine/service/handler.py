@@ -15,30 +15,40 @@ is stale stops within a chunk, so the real request waits at most that.
 from __future__ import annotations
 
 import logging
-import threading
-from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
-from typing import Protocol
 
 from engine.config.endpoints import parse_endpoint
 from engine.config.params import CheckpointOptions
 from engine.config.settings import Effect, Settings, effect_of
 from engine.core.errors import ArborError, Cancelled, ContextOverflowError
-from engine.core.results import ReplyReport, Source
+from engine.core.results import (
+    FailureKind,
+    NodeView,
+    Outcome,
+    Rendered,
+    ReplyFailure,
+    ReplyReport,
+    ReplyResult,
+    Reuse,
+    Source,
+    Stopped,
+)
+from engine.core.tree import Node
 from engine.files.paths import data_dirs
 from engine.llm.generator import Generator
 from engine.llm.reply import rendered, run_reply
 from engine.llm.rpc import WorkersUnreachable
 from engine.llm.runtime import Runtime
+from engine.service.control import Control
 from engine.service.protocol import (
     AdoptCheckpoints,
     ConfigureRequest,
+    Emit,
     EngineOptions,
-    Event,
     ExportDone,
     ExportRequest,
-    Failed,
+    Finished,
     ForgetRequest,
     GenerateRequest,
     LoadFailed,
@@ -46,9 +56,7 @@ from engine.service.protocol import (
     LoadRequest,
     ModelLoaded,
     Piece,
-    Plan,
     Progress,
-    ReplyDone,
     Request,
     StoreUsage,
     Sync,
@@ -56,6 +64,8 @@ from engine.service.protocol import (
     TemplateChanged,
     Warmed,
     WarmRequest,
+    node_key,
+    node_of_key,
 )
 from engine.storage.checkpoints import CheckpointStore
 from engine.storage.formats.arbor_file import SessionCheckpoint, write_session
@@ -63,74 +73,19 @@ from engine.storage.keyfile import installation_key
 
 log = logging.getLogger(__name__)
 
-Emit = Callable[[Event], None]
-
-
-class Control(Protocol):
-    """What the front end can do to a request while it runs (thread- or process-safe)."""
-
-    def stop(self, request_id: int | None = None) -> None:
-        """Stop the reply of `request_id` (running or queued), or (None) whatever runs."""
-    def stop_requested(self, request_id: int | None = None) -> bool: ...
-    def clear_stop(self) -> None:
-        """A new reply is queued: a stop for no reply in particular, sent before it, was for
-        an earlier one. Called in the order of the messages (never when the reply starts,
-        which may be later than a stop sent for it)."""
-    def finished(self, request_id: int) -> None:
-        """The reply of `request_id` ended: a stop kept for it is no longer needed."""
-    def preempt(self) -> int:
-        """A real request follows: warm-ups in flight or queued become stale. Returns the
-        new epoch."""
-    def epoch(self) -> int: ...
-
-
-class ThreadControl:
-    """A `Control` for an engine on another thread of the same process."""
-
-    def __init__(self) -> None:
-        self._stop = threading.Event()
-        # Replies stopped by id: kept until the reply ends (a stop may come before its reply
-        # has started), never cleared by another reply queued after the stop.
-        self._stopped: set[int] = set()
-        self._epoch = 0
-        self._lock = threading.Lock()
-
-    def stop(self, request_id: int | None = None) -> None:
-        if request_id is None:
-            self._stop.set()
-        else:
-            with self._lock:
-                self._stopped.add(request_id)
-
-    def stop_requested(self, request_id: int | None = None) -> bool:
-        return self._stop.is_set() or (request_id is not None and request_id in self._stopped)
-
-    def clear_stop(self) -> None:
-        self._stop.clear()
-
-    def finished(self, request_id: int) -> None:
-        with self._lock:
-            self._stopped.discard(request_id)
-
-    def preempt(self) -> int:
-        with self._lock:
-            self._epoch += 1
-            return self._epoch
-
-    def epoch(self) -> int:
-        return self._epoch
-
-    def set_epoch(self, epoch: int) -> None:
-        """The front end's count, when it counts (an engine in its own process)."""
-        with self._lock:
-            self._epoch = max(self._epoch, epoch)
 
 
 class EngineService:
-    def __init__(self, emit: Emit, control: Control) -> None:
+    """The engine's request handler: `handle` takes one protocol request and reports
+    protocol events through `emit`. Any object with that method (and `close`) can stand in
+    for it behind an `engine.service.client.EngineClient` (a scripted fake, in tests)."""
+
+    def __init__(self, emit: Emit, control: Control, *,
+                 generator: Generator | None = None) -> None:
+        """`generator`: a model already loaded (a `Session` on its own runtime)."""
         self._emit = emit
         self.control = control
-        self._generator: Generator | None = None
+        self._generator: Generator | None = generator
         self._settings = Settings()
         self._path: str | None = None
 
@@ -150,7 +105,7 @@ class EngineService:
             case AdoptCheckpoints():
                 self.adopt(request)
             case ForgetRequest():
-                self.forget(request.node_ids)
+                self.forget(request.conversation_id, request.node_ids)
             case Sync():
                 self._emit(Synced(request.token))
 
@@ -263,7 +218,7 @@ class EngineService:
         def stale() -> bool:
             return request.epoch != self.control.epoch()
 
-        path = [view.to_node() for view in request.path]
+        path = _keyed(request.conversation_id, request.path)
         untokenized = {node.id for node in path if node.tokens is None}
         try:
             prepared = generator.warm(path, cancel=stale, max_tokens=request.max_tokens,
@@ -281,12 +236,12 @@ class EngineService:
             self._emit(skipped)
             return
         report = ReplyReport.of_prepare(prepared) if prepared is not None else None
+        if prepared is not None:
+            generator.after_reply()  # before `Warmed`: it is the request's last event
+            self._emit_usage()
         self._emit(Warmed(request.conversation_id, request.path[-1].id,
                           generator.runtime.canonical_tokens, report,
-                          rendered(path, untokenized)))
-        if prepared is not None:
-            generator.after_reply()
-            self._emit_usage()
+                          _local(rendered(path, untokenized))))
 
     def generate(self, request: GenerateRequest) -> None:
         try:
@@ -295,16 +250,26 @@ class EngineService:
             self.control.finished(request.request_id)
 
     def _generate(self, request: GenerateRequest) -> None:
+        outcome = self._reply(request)
+        if isinstance(outcome, ReplyResult) and self._generator is not None:
+            self._generator.after_reply()  # before `Finished`: it is the request's last event
+            self._emit_usage()
+        self._emit(Finished(request.request_id, request.conversation_id, request.reply_id,
+                            outcome))
+
+    def _reply(self, request: GenerateRequest) -> Outcome:
         generator = self._generator
         if generator is None:
-            self._emit(_failed(request, "no model is loaded"))
-            return
+            return ReplyFailure(FailureKind.ERROR, "no model is loaded")
+        reuse: Reuse | None = None
 
         def on_plan(prompt: int, reused: int, source: Source, position: int | None) -> None:
-            self._emit(Plan(request.request_id, prompt, reused, source.value, position))
+            nonlocal reuse
+            reuse = Reuse(prompt, reused, source, position)
 
         def on_progress(done: int, total: int) -> None:
-            self._emit(Progress(request.request_id, done, total))
+            self._emit(Progress(request.request_id, reuse or Reuse(total, 0, Source.NONE, None),
+                                done, total))
 
         opened = False
 
@@ -316,47 +281,51 @@ class EngineService:
             self._emit(Piece(request.request_id, request.conversation_id, request.reply_id,
                              piece, opened))
 
+        conversation = request.conversation_id
+        path = _keyed(conversation, request.path)
+        untokenized = {node.id for node in path if node.tokens is None}
+
+        def kept() -> Rendered:  # tokens rendered before a stop or a failure stay theirs
+            return _local(rendered(path, untokenized))
+
         try:
             result = run_reply(
-                generator, [view.to_node() for view in request.path],
-                resume=request.resume.to_node() if request.resume is not None else None,
+                generator, path,
+                resume=(request.resume.to_node(node_key(conversation, request.resume.id))
+                        if request.resume is not None else None),
                 max_tokens=request.max_tokens, seed=request.seed, on_plan=on_plan,
                 on_progress=on_progress, on_piece=on_piece, on_opened=on_opened,
                 cancel=lambda: self.control.stop_requested(request.request_id),
                 sampling=request.sampling, overflow=request.overflow, scope=request.scope,
             )
         except Cancelled:
-            self._emit(_failed(request, ""))
-            return
+            return Stopped(kept())
+        except ContextOverflowError as exc:
+            return ReplyFailure(FailureKind.OVERFLOW, str(exc), (exc.prompt_tokens, exc.n_ctx),
+                                kept())
         except ArborError as exc:
-            overflow = ((exc.prompt_tokens, exc.n_ctx)
-                        if isinstance(exc, ContextOverflowError) else None)
-            self._emit(replace(_failed(request, str(exc)), overflow=overflow))
-            return
+            return ReplyFailure(FailureKind.ERROR, str(exc), rendered=kept())
         except Exception as exc:  # a bug: report it, never leave the front end waiting
             log.exception("the reply failed")
-            self._emit(_failed(request, f"an internal error stopped the reply "
-                                        f"({type(exc).__name__}); what was written is saved"))
-            return
-        self._emit(ReplyDone(request.request_id, request.conversation_id, request.reply_id,
-                             result))
-        generator.after_reply()
-        self._emit_usage()
+            return ReplyFailure(FailureKind.INTERNAL,
+                                f"an internal error stopped the reply ({type(exc).__name__}); "
+                                f"what was written is saved", rendered=kept())
+        return replace(result, rendered=_local(result.rendered))
 
     # --- checkpoints -------------------------------------------------------------------------
 
     def export_session(self, request: ExportRequest) -> None:
         """Write the session file here: the checkpoints live with the engine, and a file of a
-        few hundred MiB should not hold the front end. Only this conversation's checkpoints go
-        (global node ids carry the conversation), and only the window's (an API client's
-        state is not the window's to give), read back from disk where spilled."""
+        few hundred MiB should not hold the front end. Only this conversation's checkpoints go,
+        read back from disk where spilled: whoever asked for them (the window, or its local
+        API for a conversation the window lists), they are the conversation's."""
         generator = self._generator
         items: list[SessionCheckpoint] = []
         if generator is not None and generator.checkpoints is not None:
             store = generator.checkpoints
             for checkpoint in store.all():
-                node = checkpoint.node_id
-                if node is None or node >> 32 != request.conversation_id or checkpoint.scope:
+                key = checkpoint.node_id
+                if key is None or node_of_key(key)[0] != request.conversation_id:
                     continue
                 loaded = store.fetch(checkpoint)
                 if loaded is not None and loaded.blob is not None:
@@ -383,9 +352,9 @@ class EngineService:
         store.enforce_budget()
         self._emit_usage()
 
-    def forget(self, node_ids: tuple[int, ...]) -> None:
+    def forget(self, conversation_id: int, node_ids: tuple[int, ...]) -> None:
         if self._generator is not None:
-            self._generator.forget(node_ids)
+            self._generator.forget(node_key(conversation_id, node) for node in node_ids)
             self._emit_usage()
 
     # --- lifetime ----------------------------------------------------------------------------
@@ -408,7 +377,8 @@ class EngineService:
         self._emit(StoreUsage(
             count=stats.count, ram_bytes=stats.ram_bytes, disk_bytes=stats.disk_bytes,
             ram_budget=stats.ram_budget,
-            nodes=tuple(sorted(store.nodes_with_checkpoints().items())),
+            nodes=tuple(sorted((*node_of_key(key), tier)
+                               for key, tier in store.nodes_with_checkpoints().items())),
             stats=tuple(asdict(stats).items()),
         ))
 
@@ -423,5 +393,11 @@ def _options_of(settings: Settings, model: str) -> EngineOptions:
         template=settings.template_for(model))
 
 
-def _failed(request: GenerateRequest, message: str) -> Failed:
-    return Failed(request.request_id, request.conversation_id, request.reply_id, message)
+def _keyed(conversation_id: int, path: tuple[NodeView, ...]) -> list[Node]:
+    """The engine's copies of a request's nodes, keyed by (conversation, node)."""
+    return [view.to_node(node_key(conversation_id, view.id)) for view in path]
+
+
+def _local(keyed: Rendered) -> Rendered:
+    """Rendered tokens by the conversation's own node ids."""
+    return tuple((node_of_key(key)[1], tokens) for key, tokens in keyed)

@@ -38,9 +38,9 @@ from dataclasses import replace
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from engine.llm.repack import note_exit
+from engine.service.control import ThreadControl
 from engine.service.protocol import (
     EXIT_UNREADABLE,
     AdoptCheckpoints,
@@ -55,9 +55,6 @@ from engine.service.protocol import (
     Shutdown,
     Stop,
 )
-
-if TYPE_CHECKING:
-    from engine.service.handler import ThreadControl  # the child's; loads llama.cpp
 
 log = logging.getLogger(__name__)
 
@@ -292,7 +289,7 @@ def child_main(conn: Connection, log_level: int, log_file: str | None = None) ->
     threading.Thread(target=_beat, args=(emit, closing), name="arbor-engine-heartbeat",
                      daemon=True).start()
     from engine.llm.llama import builtin_template_names
-    from engine.service.handler import EngineService, ThreadControl
+    from engine.service.handler import EngineService
     from engine.service.protocol import EngineStarted
 
     control = ThreadControl()

@@ -3,8 +3,11 @@
 The engine service (`engine.service.handler`) takes one request at a time and answers with events.
 The same values serve the engine on a thread of the window's process and the engine in a
 process of its own, so every field is plain data (no callables, no open files) and this module
-loads no native library. Node ids are the front end's: the window sends global ids
-(conversation << 32 | node) so that checkpoints of different conversations never collide.
+loads no native library. A node is named by `(conversation, node)`: a request carries its
+conversation's id and its nodes' own ids, and the engine keys checkpoints by both (`node_key`,
+the one place they are packed), so checkpoints of different conversations never collide and
+every front end's (the window's, its local API's) are shown, freed and exported with their
+conversation.
 A request's `scope` says whose it is ("" the window's; the API gives each `user` one): the
 engine reuses cached state only within a scope (engine.storage.checkpoints).
 
@@ -16,6 +19,7 @@ chunk and between tokens).
 from __future__ import annotations
 
 import signal
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -23,8 +27,23 @@ from engine.config.params import CheckpointOptions, RuntimeSettings, SamplingPar
 from engine.config.settings import Settings
 from engine.core.overflow import Overflow
 from engine.core.records import ConversationRecord
-from engine.core.results import NodeView, ReplyReport, ReplyResult
+from engine.core.results import NodeView, Outcome, ReplyReport, Reuse
 from engine.storage.checkpoints import Checkpoint, Identity
+
+# --- node identity ---------------------------------------------------------------------------
+
+NODE_BITS = 32  # a conversation's node ids stay below 2**32
+
+
+def node_key(conversation_id: int, node_id: int) -> int:
+    """The engine's key for a node: its checkpoints'. Never crosses the boundary."""
+    return (conversation_id << NODE_BITS) | node_id
+
+
+def node_of_key(key: int) -> tuple[int, int]:
+    """(conversation, node) of a `node_key`."""
+    return key >> NODE_BITS, key & ((1 << NODE_BITS) - 1)
+
 
 # --- requests --------------------------------------------------------------------------------
 
@@ -107,8 +126,9 @@ class AdoptCheckpoints:
 
 @dataclass(frozen=True)
 class ForgetRequest:
-    """Deleted branches: free their checkpoints."""
+    """Deleted branches of a conversation: free their checkpoints."""
 
+    conversation_id: int
     node_ids: tuple[int, ...]
 
 
@@ -258,21 +278,14 @@ class Warmed:
 
 
 @dataclass(frozen=True)
-class Plan:
-    """What a prepare will reuse, sent before it decodes anything."""
-
-    request_id: int
-    prompt_tokens: int
-    reused_tokens: int
-    source: str  # "live" | "checkpoint" | "none"
-    checkpoint_pos: int | None
-
-
-@dataclass(frozen=True)
 class Progress:
+    """A reply's prompt being decoded: what it reuses and from where (fixed before the first
+    token is decoded, `done` 0), and how far it has got."""
+
     request_id: int
+    reuse: Reuse
     done: int
-    total: int
+    total: int  # tokens to decode
 
 
 @dataclass(frozen=True)
@@ -285,20 +298,14 @@ class Piece:
 
 
 @dataclass(frozen=True)
-class ReplyDone:
+class Finished:
+    """A reply's last event: how it ended (`engine.core.results.Outcome`). Everything the
+    request caused (the checkpoint figures it changed included) was sent before it."""
+
     request_id: int
     conversation_id: int
     reply_id: int
-    result: ReplyResult
-
-
-@dataclass(frozen=True)
-class Failed:
-    request_id: int
-    conversation_id: int
-    reply_id: int
-    message: str  # empty when the user stopped it, else why it failed
-    overflow: tuple[int, int] | None = None  # the prompt did not fit: (its tokens, n_ctx)
+    outcome: Outcome
 
 
 @dataclass(frozen=True)
@@ -307,7 +314,7 @@ class StoreUsage:
     ram_bytes: int
     disk_bytes: int
     ram_budget: int
-    nodes: tuple[tuple[int, str], ...]  # node id -> "ram" | "disk"
+    nodes: tuple[tuple[int, int, str], ...]  # (conversation, node, "ram" | "disk")
     stats: tuple[tuple[str, object], ...] = ()  # CheckpointStore.stats(), every figure
 
 
@@ -324,8 +331,8 @@ class Synced:
 
 
 Event = (EngineStarted | EngineDied | LoadProgress | ModelLoaded | LoadFailed | TemplateChanged
-         | Warmed | Plan | Progress | Piece | ReplyDone | Failed | StoreUsage | ExportDone
-         | Synced)
+         | Warmed | Progress | Piece | Finished | StoreUsage | ExportDone | Synced)
+Emit = Callable[[Event], None]  # where an engine sends its events
 
 __all__ = [
     "AdoptCheckpoints",
@@ -335,7 +342,7 @@ __all__ = [
     "Event",
     "ExportDone",
     "ExportRequest",
-    "Failed",
+    "Finished",
     "ForgetRequest",
     "GenerateRequest",
     "LoadFailed",
@@ -344,9 +351,7 @@ __all__ = [
     "ModelLoaded",
     "NodeView",
     "Piece",
-    "Plan",
     "Progress",
-    "ReplyDone",
     "Request",
     "StoreUsage",
     "Sync",

@@ -14,7 +14,7 @@ from engine.core.records import from_tree
 from engine.core.tree import Role, TreeError
 from engine.llm.runtime import Runtime, RuntimeSettings
 from engine.models.files import resolve_model
-from engine.service.client import RemoteReplier
+from engine.service.client import ClientKind, EngineClient, engine_log
 from engine.service.protocol import EngineOptions
 from engine.service.scenario import Op, Scenario, ScenarioError, Step
 from engine.service.session import GenerationOptions, Session, StepReport
@@ -53,12 +53,12 @@ def replay(
     use_cache = cache is CacheMode.CHECKPOINTS
     with contextlib.ExitStack() as stack:
         if engine_process:
-            remote = RemoteReplier()
+            remote = EngineClient.make(ClientKind.PROCESS, log_file=engine_log())
             stack.callback(remote.close)
             loaded = remote.load(str(path), EngineOptions(
                 settings, scenario.sampling, options, use_cache, scenario.template))
             session = Session(None, system=scenario.system, seed=scenario.seed,
-                              use_cache=use_cache, replier=remote, overflow=scenario.overflow)
+                              use_cache=use_cache, engine=remote, overflow=scenario.overflow)
             model_info, template, notices = dict(loaded.details), loaded.template_name, \
                 list(loaded.notices)
 

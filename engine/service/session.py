@@ -15,12 +15,14 @@ from engine.config.params import SamplingParams
 from engine.core.conversation import Change, Conversation, ReplyJob
 from engine.core.errors import Cancelled
 from engine.core.overflow import Overflow
-from engine.core.results import Rendered, ReplyReport, ReplyResult
+from engine.core.results import ReplyReport
 from engine.core.schedule import DEFAULT_INTERVAL
 from engine.core.tree import Node, Role, Tree, TreeError
 from engine.llm.generator import Generator
-from engine.llm.reply import PieceFn, rendered, run_reply
 from engine.llm.runtime import CancelFn, ProgressFn, Runtime
+from engine.service.client import ClientKind, EngineClient, outcome_result
+from engine.service.handler import EngineService
+from engine.service.lifetime import ReplyRun
 from engine.storage.checkpoints import CheckpointStore
 
 log = logging.getLogger(__name__)
@@ -49,48 +51,6 @@ class StepReport:
     node_id: int | None = None
     text: str | None = None
     report: ReplyReport | None = None
-
-
-class Replier(Protocol):
-    """Where a session's replies come from: the engine on this thread (`LocalReplier`) or
-    in a process of its own (`engine.service.client.RemoteReplier`). Either way the same
-    `engine.llm.reply` pipeline runs; only the path's copies cross a process boundary."""
-
-    def reply(self, path: Sequence[Node], *, resume: Node | None, max_tokens: int, seed: int,
-              on_progress: ProgressFn | None = None, on_piece: PieceFn | None = None,
-              cancel: CancelFn | None = None, sampling: SamplingParams | None = None,
-              overflow: Overflow = Overflow.STOP) -> ReplyResult: ...
-
-    def warm(self, path: Sequence[Node], *, max_tokens: int = 512,
-             overflow: Overflow = Overflow.STOP) -> tuple[ReplyReport | None, Rendered]:
-        """Prepare `path` (see Generator.warm): what it did, and the tokens it rendered."""
-
-    def forget(self, node_ids: Sequence[int]) -> None: ...
-
-
-class LocalReplier:
-    def __init__(self, generator: Generator) -> None:
-        self.generator = generator
-
-    def reply(self, path: Sequence[Node], *, resume: Node | None, max_tokens: int, seed: int,
-              on_progress: ProgressFn | None = None, on_piece: PieceFn | None = None,
-              cancel: CancelFn | None = None, sampling: SamplingParams | None = None,
-              overflow: Overflow = Overflow.STOP) -> ReplyResult:
-        result = run_reply(self.generator, path, resume=resume, max_tokens=max_tokens,
-                           seed=seed, on_progress=on_progress, on_piece=on_piece, cancel=cancel,
-                           sampling=sampling, overflow=overflow)
-        self.generator.after_reply()
-        return result
-
-    def warm(self, path: Sequence[Node], *, max_tokens: int = 512,
-             overflow: Overflow = Overflow.STOP) -> tuple[ReplyReport | None, Rendered]:
-        untokenized = {node.id for node in path if node.tokens is None}
-        report = self.generator.warm(path, max_tokens=max_tokens, overflow=overflow)
-        done = ReplyReport.of_prepare(report) if report is not None else None
-        return done, rendered(path, untokenized)
-
-    def forget(self, node_ids: Sequence[int]) -> None:
-        self.generator.forget(node_ids)
 
 
 @dataclass
@@ -122,12 +82,12 @@ class Session:
         checkpoint_interval: int = DEFAULT_INTERVAL,
         sink: Sink | None = None,
         template: str | None = None,
-        replier: Replier | None = None,
+        engine: EngineClient | None = None,
         overflow: Overflow = Overflow.STOP,
     ) -> None:
-        """`replier`: replies come from there (the model's settings are its business) and
-        `runtime` is None; else a generator on `runtime` with these settings. `overflow`:
-        what a reply does when the branch outgrows the context."""
+        """`engine`: replies come from there (the model's settings are its business) and
+        `runtime` is None; else an in-process engine on a generator on `runtime` with these
+        settings. `overflow`: what a reply does when the branch outgrows the context."""
         self.runtime = runtime
         self.overflow = overflow
         self.sink = sink
@@ -135,9 +95,9 @@ class Session:
         self.seed = seed
         self.use_cache = use_cache
         self.generator: Generator | None = None
-        if replier is None:
+        if engine is None:
             assert runtime is not None
-            self.generator = Generator(
+            generator = self.generator = Generator(
                 runtime,
                 sampling=sampling,
                 use_cache=use_cache,
@@ -145,8 +105,12 @@ class Session:
                 checkpoint_interval=checkpoint_interval,
                 template=template,
             )
-            replier = LocalReplier(self.generator)
-        self.replier = replier
+            # The runtime is the caller's: the engine's thread runs only while a request
+            # does, and never closes it.
+            engine = EngineClient.make(
+                ClientKind.IN_PROCESS, keep_thread=False,
+                handler=lambda emit, control: EngineService(emit, control, generator=generator))
+        self.engine = engine
         self._model: dict[str, Any] | None = None
 
     @property
@@ -202,8 +166,8 @@ class Session:
         """What the app does while the user reads: prepare the likely next prompt, so the
         next message decodes only itself (see Generator.warm)."""
         max_tokens = (options or GenerationOptions()).max_tokens
-        report, tokens = self.replier.warm(self.conversation.warm_path(),
-                                           max_tokens=max_tokens, overflow=self.overflow)
+        report, tokens = self.engine.warm(self.conversation.warm_path(),
+                                          max_tokens=max_tokens, overflow=self.overflow)
         self._keep(self.conversation.adopt_tokens(tokens))
         return StepReport(op="warm", node_id=self.tree.active_leaf, report=report)
 
@@ -213,7 +177,7 @@ class Session:
     def delete_branch(self, node_id: int) -> StepReport:
         change = self.conversation.delete_branch(node_id)
         report = self._apply("delete", change)
-        self.replier.forget(change.deleted)
+        self.engine.forget(change.deleted)
         return report
 
     def undo(self) -> StepReport:
@@ -265,40 +229,20 @@ class Session:
         return self._reply(op, job, options or GenerationOptions())
 
     def _reply(self, op: str, job: ReplyJob, options: GenerationOptions) -> StepReport:
-        """Run a reply job (engine.llm.reply) and apply its result through the conversation
-        core, as the window does: the reply exists (streaming, saved) before the prompt is
-        prepared; a failure keeps what it said as interrupted, or takes it back."""
+        """Run a reply job through its lifetime (engine.service.lifetime), as every front
+        end does; a failure is raised once its policy has been applied."""
         seed = self.conversation.reply_seed(self.seed)
         if options.seed is not None:
             seed = options.seed
-        start = self.conversation.start_reply(job)
-        reply = start.reply
-        self._keep([reply])
-        untokenized = [node for node in start.path if node.tokens is None]
-
-        def on_piece(piece: str) -> None:
-            reply.text += piece
-            if self.sink is not None:
-                self.sink.streaming(reply)
-            if options.on_text:
-                options.on_text(piece)
-
-        try:
-            result = self.replier.reply(
-                start.path, resume=start.resume, max_tokens=options.max_tokens, seed=seed,
-                on_progress=options.on_progress, on_piece=on_piece, cancel=options.cancel,
-                overflow=self.overflow,
-            )
-        except BaseException:
-            # Tokens rendered before the failure are the nodes' own from now on: keep them.
-            rendered_now = [node for node in untokenized if node.tokens is not None]
-            failed = self.conversation.fail_reply(start)
-            self._keep([*rendered_now, *failed.nodes], deleted=failed.deleted)
-            raise
-        finished = self.conversation.finish_reply(reply.id, result)
-        self._keep(list(finished.nodes), deleted=finished.deleted)
-        return StepReport(op=op, node_id=reply.id, text=result.text[len(start.was_text):],
-                          report=result.report)
+        run = ReplyRun.begin(self.conversation, job, self._keep,
+                             streaming=self.sink.streaming if self.sink is not None
+                             else lambda _node: None)
+        result = outcome_result(run.run(
+            self.engine, run.request(self.engine.next_id(), max_tokens=options.max_tokens,
+                                     seed=seed, overflow=self.overflow),
+            on_piece=options.on_text, on_progress=options.on_progress, cancel=options.cancel))
+        return StepReport(op=op, node_id=run.reply.id,
+                          text=result.text[len(run.start.was_text):], report=result.report)
 
     def _keep(self, nodes: Sequence[Node], deleted: Sequence[int] = ()) -> None:
         if self.sink is not None:

@@ -453,6 +453,12 @@ class Store:
                 (time.time(), conversation_id),
             )
 
+    def discard(self, conversation_id: int) -> None:
+        """Remove a conversation for good (one the local API made for a request that got no
+        reply: it never was the user's)."""
+        with self._tx() as db:
+            self._delete_conversation(db, conversation_id)
+
     def undelete(self, conversation_id: int) -> None:
         with self._tx() as db:
             db.execute(

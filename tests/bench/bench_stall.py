@@ -46,14 +46,13 @@ class Stalls:
 def measure(kind: str, base: Path) -> Stalls:
     from PySide6.QtCore import QEventLoop, QTimer
 
-    from app.state.engine_client import EngineClient, ProcessEngine
-    from app.state.engine_thread import ThreadEngine
+    from app.state.engine_client import ProcessEngine, QtEngine, ThreadEngine
     from app.window.main_window import MainWindow
     from engine.config.settings import Settings
     from engine.models.files import default_model_path
     from engine.storage.store import Store
 
-    engine: EngineClient = ThreadEngine() if kind == "thread" else ProcessEngine()
+    engine: QtEngine = ThreadEngine() if kind == "thread" else ProcessEngine()
     settings = Settings(max_tokens=200, n_ctx=4096, seed=7)
     store = Store(Path(tempfile.mkdtemp(dir=base)) / "c.db")  # a fresh conversation each run
     window = MainWindow(store=store, settings=settings, engine=engine)

@@ -6,6 +6,7 @@ import json
 import socket
 import threading
 from dataclasses import replace
+from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -21,7 +22,9 @@ from app.state.engine_client import ProcessEngine
 from app.window.main_window import MainWindow
 from engine.api.trees import ApiTrees
 from engine.core.tree import NodeStatus, Role
+from engine.service.client import EngineClient
 from engine.service.protocol import GenerateRequest, Request
+from engine.storage.transfer import FileFormat
 from tests.app_fixtures import TIMEOUT, free_port, send, warnings_shown
 
 MESSAGES = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello API"}]
@@ -153,7 +156,7 @@ class ApiTraffic:
     """What goes from the API to the engine: its reply sent, its reply stopped (by the
     API's worker thread, whatever the call's arguments)."""
 
-    def __init__(self, engine: ProcessEngine, monkeypatch: pytest.MonkeyPatch) -> None:
+    def __init__(self, engine: EngineClient, monkeypatch: pytest.MonkeyPatch) -> None:
         self.sent = threading.Event()
         self.stopped = threading.Event()
         send_request, stop = engine.send, engine.stop
@@ -181,7 +184,7 @@ def _api_behind_the_windows_reply(qtbot: QtBot, window: MainWindow,
     window.models.apply_settings(replace(window.settings, max_tokens=2048, seed=7))
     monkeypatch.setattr(WindowEngine, "wait_turn", lambda _self, _cancel: None)
     assert isinstance(window.engine, ProcessEngine)
-    traffic = ApiTraffic(window.engine, monkeypatch)
+    traffic = ApiTraffic(window.engine.client, monkeypatch)
     window.composer.setPlainText("A long answer, please.")
     with qtbot.waitSignal(window.text_shown, timeout=TIMEOUT):
         qtbot.keyClick(window.composer, Qt.Key.Key_Return)
@@ -266,9 +269,12 @@ def test_the_users_message_stops_a_long_api_reply_whose_client_is_told_why(
     assert "error" in json.loads(lines[-2]), lines[-2]  # in-band, OpenAI's way
     error = json.loads(lines[-2])["error"]
     assert error["code"] == "preempted" and "needs the model" in error["message"]
-    # The stopped request is taken back (its new conversation is not kept), and the API
-    # goes on serving.
-    assert all(info.title != "API: Go on forever" for info in window.controller.listing()[0])
+    # What its client was sent is kept (one failure policy for every front end: no text
+    # streamed to a user is lost): its conversation, the reply interrupted. The API goes on.
+    listed = {info.title: info.id for info in window.controller.listing()[0]}
+    kept = window.store.load(listed["API: Go on forever"])
+    reply = kept.node(kept.node(kept.root.children[0]).children[0])
+    assert reply.status is NodeStatus.INTERRUPTED and reply.text
     assert in_thread(qtbot, lambda: ask(url, MESSAGES)).choices[0].message.content
 
 
@@ -299,3 +305,33 @@ def test_an_engine_that_dies_after_the_api_saw_it_loaded_answers_503_and_comes_b
     assert failed.value.status_code == 503 and "engine process ended" in str(failed.value)
     assert len(shown) == 1 and "killed" in shown[0]
     assert in_thread(qtbot, lambda: ask(url, MESSAGES)).choices[0].message.content
+
+
+def test_an_api_requests_checkpoints_are_shown_exported_and_freed_with_its_conversation(
+    qtbot: QtBot, window: MainWindow, tmp_path: Path
+) -> None:
+    """The window's API sent its nodes' ids without their conversation's: the engine kept
+    the checkpoints of API replies under ids of no conversation, so the window never showed
+    them on the API's conversation, never exported them with it, never freed them with its
+    branches."""
+    url = serve(window)
+    in_thread(qtbot, lambda: ask(url, MESSAGES))
+    cid = {info.title: info.id for info in window.controller.listing()[0]}["API: Hello API"]
+    tree = window.store.load(cid)
+    user = tree.node(tree.root.children[0])
+    branch = {user.id, *user.children}
+    # Shown: the engine's figures name the API conversation's own nodes (before the window
+    # opens it, so none of the window's warm-ups is among them).
+    qtbot.waitUntil(lambda: bool(set(window.replies.marks.get(cid, {})) & branch),
+                    timeout=TIMEOUT)
+    window.controller.open_conversation(cid)
+    window.replies._warm_timer.stop()
+    # Exported with it.
+    out = tmp_path / "api.arbor"
+    with qtbot.waitSignal(window.files.export_finished, timeout=TIMEOUT) as exported:
+        window.files.export_current(out, FileFormat.NATIVE)
+    assert exported.args[0].error is None and exported.args[0].checkpoints >= 1
+    # Freed with its branch.
+    window.controller.delete_branch(user.id)
+    qtbot.waitUntil(lambda: not set(window.replies.marks.get(cid, {})) & branch,
+                    timeout=TIMEOUT)

@@ -16,7 +16,6 @@ from pytestqt.qtbot import QtBot
 
 from app.dialogs.model_picker import Column, ModelPicker
 from app.dialogs.settings_dialog import SettingsDialog
-from app.state.replies import global_id
 from app.window.main_window import MainWindow
 from engine.config.settings import Effect, Settings, load_settings
 from engine.core.tree import Role
@@ -47,7 +46,7 @@ def test_after_a_reply_the_engine_warms_the_branch_and_send_decodes_only_the_new
     tree = window.tree
     leaf = tree.node(tree.active_leaf)
     assert leaf.role is Role.ASSISTANT
-    assert warmed.last_node == global_id(window.current or 0, leaf.id)
+    assert warmed.last_node == leaf.id
     assert warmed.report is not None
     assert warmed.report.decoded_tokens >= 2  # the reply, decoded again in one batch
     before = sum(len(node.tokens or ()) for node in tree.path_to(leaf.id))
@@ -78,7 +77,7 @@ def test_starting_an_edit_warms_the_prefix_before_the_edited_message(
     second_user = window.tree.message(2)
     with qtbot.waitSignal(window.warmed, timeout=TIMEOUT) as blocker:
         window.replies.start_editing(second_user.id)
-    assert blocker.args[0].last_node == global_id(window.current or 0, second_user.parent or 0)
+    assert blocker.args[0].last_node == second_user.parent
     window.controller.edit(second_user.id, "A better second question")
     qtbot.waitUntil(lambda: window.replies.streaming is None, timeout=TIMEOUT)
     done = window.replies.last_reply
@@ -176,7 +175,7 @@ def test_every_frequent_action_has_its_own_shortcut(
     qtbot: QtBot, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     win = MainWindow(store=Store(tmp_path / "c.db"),
-                     engine=in_process_client(monkeypatch, Script()))
+                     engine=in_process_client(Script()))
     qtbot.addWidget(win)
     keys: dict[str, list[str]] = {}
     for action in [*win.actions_by_name.values(), *win.chat.actions()]:
@@ -433,4 +432,4 @@ def test_the_tokens_a_warm_up_renders_are_kept_and_saved(
     assert [n.tokens for n in path[:3]] == kept
     done = fake_window.replies.last_result
     assert done is not None  # only the new message was rendered by the request
-    assert [key for key, _ in done.rendered] == [global_id(cid, path[3].id)]
+    assert [key for key, _ in done.rendered] == [path[3].id]

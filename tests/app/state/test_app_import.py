@@ -62,7 +62,7 @@ def idle_window(
     qtbot: QtBot, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> Iterator[MainWindow]:
     win = MainWindow(store=Store(tmp_path / "conversations.db"),
-                     engine=in_process_client(monkeypatch, Script()))
+                     engine=in_process_client(Script()))
     qtbot.addWidget(win)
     win.show()
     yield win
@@ -200,7 +200,7 @@ def _close_mid_import(
     and run whatever the close left queued. Returns the idle_window, the conversations before,
     and every `import_finished` seen."""
     win = MainWindow(store=Store(tmp_path / "c.db"),
-                     engine=in_process_client(monkeypatch, Script()))
+                     engine=in_process_client(Script()))
     qtbot.addWidget(win)
     before = win.store.list()
     finished: list[object] = []

@@ -23,7 +23,7 @@ from tests.fake_engine import Script, in_process_client
 @pytest.fixture
 def controller(qtbot: QtBot, tmp_path: Path, fake_engine: Script,
                monkeypatch: pytest.MonkeyPatch) -> Iterator[ChatController]:
-    engine = in_process_client(monkeypatch, fake_engine)
+    engine = in_process_client(fake_engine)
     controller = ChatController(Store(tmp_path / "c.db"), TEST_SETTINGS, engine)
     with qtbot.waitSignal(controller.replies.model_ready, timeout=TIMEOUT):
         controller.replies.load(str(tmp_path / "fake-model.gguf"))

@@ -82,7 +82,7 @@ def big(
     tree, users = _big_tree()
     store.create(tree, title="Long")
     # Opens the newest conversation; no model is needed, so no engine process either.
-    win = MainWindow(store=store, engine=in_process_client(monkeypatch, Script()))
+    win = MainWindow(store=store, engine=in_process_client(Script()))
     qtbot.addWidget(win)
     win.resize(1200, 800)
     win.show()

@@ -31,7 +31,7 @@ from engine.llm.cpu import cpu_flags
 from engine.llm.llama import fit_gpu_layers, gpu_devices, native_backends
 from engine.llm.repack import CRASHED, KNOWN_BAD, RepackGuard, note_exit
 from engine.llm.runtime import Runtime
-from engine.service.client import RemoteReplier
+from engine.service.client import ProcessClient
 from engine.service.process import EngineProcess
 from engine.service.protocol import Crash, CrashKind
 from tests import engine_faults
@@ -222,7 +222,7 @@ def test_the_command_line_engine_starts_again_without_the_kernels_that_crashed(
     smollm2_path: Path, monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     monkeypatch.setattr(engine.service.process, "child_main", engine_faults.faults_while_repacking)
-    replier = RemoteReplier(EngineProcess())
+    replier = ProcessClient(EngineProcess())
     try:
         loaded = replier.load(str(smollm2_path), settings=Settings(max_tokens=8))
         assert str(dict(loaded.details)["kernels"]).endswith("no repacking")

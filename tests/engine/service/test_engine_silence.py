@@ -23,7 +23,7 @@ from engine.api.trees import LocalTrees
 from engine.api.worker import ApiWorker
 from engine.config.settings import Settings
 from engine.core.tree import NodeStatus, Role
-from engine.service.client import RemoteReplier
+from engine.service.client import ProcessClient
 from engine.service.process import EngineProcess
 from engine.service.protocol import EXIT_UNREADABLE, EngineDied, EngineStarted
 from tests.app_fixtures import TIMEOUT, process_gone, send, warnings_shown
@@ -107,7 +107,7 @@ def test_the_api_answers_503_for_a_stopped_engine_then_serves_from_a_new_one(
     body = {"messages": [{"role": "user", "content": "Name a river."}], "max_tokens": 4}
     try:
         replier = own._replier
-        assert isinstance(replier, RemoteReplier)
+        assert isinstance(replier, ProcessClient) and replier.process is not None
         stopped = replier.process.pid
         assert stopped is not None
         os.kill(stopped, signal.SIGSTOP)
