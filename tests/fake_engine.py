@@ -40,6 +40,7 @@ from engine.core.results import (
 )
 from engine.service.protocol import (
     AdoptCheckpoints,
+    CheckpointUsage,
     ConfigureRequest,
     ExportDone,
     ExportRequest,
@@ -53,7 +54,6 @@ from engine.service.protocol import (
     Piece,
     Progress,
     Request,
-    StoreUsage,
     Sync,
     Synced,
     TemplateChanged,
@@ -274,7 +274,7 @@ class FakeEngineService:
 
     def _emit_usage(self) -> None:
         count = len(self._checkpoints)
-        self._emit(StoreUsage(
+        self._emit(CheckpointUsage(
             count=count, ram_bytes=count * CHECKPOINT_BYTES, disk_bytes=0,
             ram_budget=self._settings.ram_budget() or 0,
             nodes=tuple((conversation, node, "ram")

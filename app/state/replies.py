@@ -31,6 +31,7 @@ from engine.core.results import NodeView, Outcome, ReplyReport, ReplyResult, Sto
 from engine.core.tree import Node
 from engine.service.lifetime import ReplyRun
 from engine.service.protocol import (
+    CheckpointUsage,
     EngineDied,
     EngineStarted,
     ExportDone,
@@ -43,7 +44,6 @@ from engine.service.protocol import (
     Piece,
     Progress,
     Request,
-    StoreUsage,
     TemplateChanged,
     Warmed,
     WarmRequest,
@@ -133,7 +133,7 @@ class Replies(QObject):
         self.engine_pid: int | None = None  # the engine process, when it runs in one
         self._model_path: str | None = None  # the model asked for last (reloaded after a crash)
         self._deaths = 0  # engine deaths since a model last loaded
-        self.usage: StoreUsage | None = None
+        self.usage: CheckpointUsage | None = None
         self.marks: dict[int, dict[int, str]] = {}  # conversation -> node -> "ram" | "disk"
         self.streaming: Streaming | None = None
         self.last_result: ReplyResult | None = None  # as the engine sent it
@@ -256,7 +256,7 @@ class Replies(QObject):
                 self._on_finished(event)
             case Warmed():
                 self._on_warmed(event)
-            case StoreUsage():
+            case CheckpointUsage():
                 self._on_usage(event)
             case LoadProgress():
                 self.load_progress.emit(event.fraction)
@@ -430,7 +430,7 @@ class Replies(QObject):
             self.streaming.answers_edit = edit.text is not None
         return True
 
-    def _on_usage(self, usage: StoreUsage) -> None:
+    def _on_usage(self, usage: CheckpointUsage) -> None:
         self.usage = usage
         current = self.controller.current
         shown = self.marks.get(current) if current is not None else None

@@ -42,7 +42,7 @@ from engine.api.schema import (
     parse_body,
     parse_chat,
 )
-from engine.api.worker import ApiWorker, Delivery, Job, Outcome, Text
+from engine.api.worker import Answer, ApiWorker, Delivery, Job, Text
 
 log = logging.getLogger(__name__)
 
@@ -242,7 +242,7 @@ async def _stream(request: Request, job: Job, inbox: asyncio.Queue[Delivery],
             if isinstance(item, ApiError):  # after the stream began: OpenAI's way, in-band
                 yield data(item.body())
                 break
-            if isinstance(item, Outcome):
+            if isinstance(item, Answer):
                 yield data(chunk(ident, model, finish=item.finish))
                 if chat.include_usage:
                     yield data(chunk(ident, model, usage=item.usage, choices=False))

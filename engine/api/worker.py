@@ -27,12 +27,12 @@ from engine.core.errors import ArborError, Cancelled, EngineCrashed
 from engine.core.results import (
     FailureKind,
     FinishReason,
+    Outcome,
     ReplyFailure,
     ReplyReport,
     ReplyResult,
     Stopped,
 )
-from engine.core.results import Outcome as ReplyOutcome
 from engine.core.tree import Node
 from engine.llm.reply import CancelFn, PieceFn
 from engine.service.protocol import ModelLoaded
@@ -49,13 +49,15 @@ class Text:
 
 
 @dataclass(frozen=True)
-class Outcome:
+class Answer:
+    """A finished reply as the API answers it."""
+
     text: str
     finish: str  # OpenAI's finish_reason: "stop" or "length"
     usage: Usage
 
 
-Delivery = Text | Outcome | ApiError
+Delivery = Text | Answer | ApiError
 
 
 @dataclass(frozen=True)
@@ -91,7 +93,7 @@ class TreeSide(Protocol):
 
     def begin(self, request: ChatRequest, model: str, base_seed: int | None) -> Begun: ...
 
-    def finish(self, begun: Begun, outcome: ReplyOutcome, streamed: str, cut: str | None
+    def finish(self, begun: Begun, outcome: Outcome, streamed: str, cut: str | None
                ) -> list[Node]:
         """Apply how the reply ended (engine.service.lifetime's policy: the text `streamed`
         to the client is kept, even when it failed) and save it; `cut`: its text ended at a
@@ -114,7 +116,7 @@ class EngineSide(Protocol):
 
     def reply(self, path: Sequence[Node], *, max_tokens: int, seed: int, on_piece: PieceFn,
               cancel: CancelFn, sampling: SamplingParams, scope: str,
-              conversation_id: int) -> ReplyOutcome:
+              conversation_id: int) -> Outcome:
         """`scope`: the request's cache scope (ChatRequest.scope): the engine reuses only
         that scope's state, so what it reports as cached is the client's own. A reply the
         engine's owner took back fails as `FailureKind.PREEMPTED`: its client gets a 503, or,
@@ -250,7 +252,7 @@ class ApiWorker:
                 if not self._stopping:
                     self.engine.check()
 
-    def _answer(self, job: Job, trees: TreeSide) -> Outcome:
+    def _answer(self, job: Job, trees: TreeSide) -> Answer:
         request, engine = job.request, self.engine
         loaded = engine.loaded()
         if loaded is None:
@@ -311,7 +313,7 @@ class ApiWorker:
         self.stats = replace(self.stats, requests=self.stats.requests + 1,
                              prompt_tokens=self.stats.prompt_tokens + report.prompt_tokens,
                              decoded=self.stats.decoded + report.decoded_tokens)
-        return Outcome(
+        return Answer(
             text=result.text,
             finish="length" if report.finish in (FinishReason.LENGTH, FinishReason.CONTEXT_FULL)
             else "stop",

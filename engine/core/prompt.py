@@ -25,6 +25,7 @@ import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from engine.core.errors import ArborError, Cancelled
+from engine.core.results import CancelFn
 from engine.core.tree import Node, Role
 
 log = logging.getLogger(__name__)
@@ -41,7 +42,6 @@ _FRAME = "\u2063ARBOR-FRAME\u2063"  # a message's content while learning its fra
 # than each node rendered after its ancestors.
 TILE_FROM = 6
 _KEPT_RENDERS = 4
-CancelFn = Callable[[], bool]
 
 
 class TemplateError(ArborError):

@@ -5,15 +5,12 @@ running a reply is `engine.llm.reply`'s business, applying its result to a tree 
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, fields
 from enum import StrEnum
-from typing import TYPE_CHECKING
 
 from engine.core.errors import ArborError, ContextOverflowError, EngineCrashed, KernelsCrashed
 from engine.core.tree import Node, Role
-
-if TYPE_CHECKING:
-    from engine.llm.runtime import PrepareReport
 
 LEFT_OUT = "left_out"  # reply meta: how many of the oldest messages it did not read
 
@@ -82,12 +79,19 @@ class NodeView:
                     tokens=self.tokens, meta=meta)
 
 
-@dataclass(frozen=True)
-class ReplyReport:
-    """What the engine did for one step: what it reused, what it decoded, how long it took.
+# What a prepare and a reply report while they run, one callback type each.
+CancelFn = Callable[[], bool]  # True: stop as soon as possible (raises Cancelled)
+PlanFn = Callable[[Reuse], None]  # the plan, fixed before anything is decoded
+ProgressFn = Callable[[int, int], None]  # (tokens decoded so far, tokens to decode)
+TokenFn = Callable[[int, str], None]  # (token id, text it added)
+PieceFn = Callable[[str], None]  # the text one generated token added
+OpenedFn = Callable[[], None]  # the reply starts inside its reasoning (engine.core.reasoning)
 
-    The replay report's step figures and the window's status line both read this. A warm-up
-    (a prepare with no reply) has no generation: `finish` is None and the counts are 0."""
+
+@dataclass(frozen=True)
+class Prepared:
+    """What a prepare did: what it reused and from where, what it decoded, how long it took.
+    `Reuse` is the part of it fixed before anything is decoded."""
 
     prompt_tokens: int
     reused_tokens: int
@@ -95,6 +99,19 @@ class ReplyReport:
     source: Source
     checkpoint_pos: int | None
     prefill_ms: float
+
+    @property
+    def reuse(self) -> Reuse:
+        return Reuse(self.prompt_tokens, self.reused_tokens, self.source, self.checkpoint_pos)
+
+
+@dataclass(frozen=True)
+class ReplyReport(Prepared):
+    """What the engine did for one step: the prepare's figures and the reply's.
+
+    The replay report's step figures and the window's status line both read this. A warm-up
+    (a prepare with no reply) has no generation: `finish` is None and the counts are 0."""
+
     ttft_ms: float | None = None  # from the start of the prepare to the first token
     generated_tokens: int = 0
     decode_ms: float = 0.0
@@ -102,12 +119,10 @@ class ReplyReport:
     dropped: int = 0  # messages left out of the prompt (engine.core.overflow)
 
     @staticmethod
-    def of_prepare(prepared: PrepareReport) -> ReplyReport:
+    def of_prepare(prepared: Prepared) -> ReplyReport:
         """The figures of a prepare alone (a warm-up); a reply adds its generation."""
-        return ReplyReport(
-            prompt_tokens=prepared.prompt_tokens, reused_tokens=prepared.reused_tokens,
-            decoded_tokens=prepared.decoded_tokens, source=prepared.source,
-            checkpoint_pos=prepared.checkpoint_pos, prefill_ms=prepared.prefill_ms)
+        return ReplyReport(**{field.name: getattr(prepared, field.name)
+                              for field in fields(Prepared)})
 
     def describe(self) -> str:
         """One line for a person: where the prompt came from and how fast it went."""

@@ -12,7 +12,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import logging
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from engine.config.params import SamplingParams
@@ -20,23 +20,16 @@ from engine.core.errors import ContextOverflowError
 from engine.core.overflow import Cut, Overflow, fit, read_part, reply_room
 from engine.core.prompt import BuiltinTemplate, ChatTemplate, PromptBuilder, Template, Tokenizer
 from engine.core.reasoning import OPENED, opens_reasoning
+from engine.core.results import CancelFn, PlanFn, ProgressFn, TokenFn
 from engine.core.schedule import DEFAULT_INTERVAL
 from engine.core.templates import TemplateChoice, TemplateOrigin, choose_template
 from engine.core.tree import Node, Role
 from engine.llm.llama import apply_builtin_template, builtin_template_names
-from engine.llm.runtime import (
-    CancelFn,
-    Generation,
-    PlanFn,
-    PrepareReport,
-    ProgressFn,
-    Runtime,
-)
+from engine.llm.runtime import Generation, PrepareReport, Runtime
 from engine.storage.checkpoints import Checkpoint, CheckpointStore, plan_saves
 
 log = logging.getLogger(__name__)
 
-TokenFn = Callable[[int, str], None]
 
 
 @dataclass(frozen=True)

@@ -11,24 +11,29 @@ types can cross a process boundary and be read where no model is loaded.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
 from engine.config.params import SamplingParams
 from engine.core.overflow import Overflow, read_part
-from engine.core.results import LEFT_OUT, Rendered, ReplyReport, ReplyResult, Source
+from engine.core.results import (
+    LEFT_OUT,
+    CancelFn,
+    OpenedFn,
+    PieceFn,
+    PlanFn,
+    ProgressFn,
+    Rendered,
+    ReplyReport,
+    ReplyResult,
+)
 from engine.core.tree import Node
 
 if TYPE_CHECKING:
     from engine.llm.generator import Generator
 
 
-CancelFn = Callable[[], bool]
-ProgressFn = Callable[[int, int], None]  # (tokens decoded so far, tokens to decode)
-PlanFn = Callable[[int, int, Source, int | None], None]  # see engine.llm.runtime.PlanFn
-PieceFn = Callable[[str], None]  # the text one generated token added
-OpenedFn = Callable[[], None]  # the reply starts inside its reasoning (engine.core.reasoning)
 
 
 def rendered(path: Sequence[Node], untokenized: set[int]) -> Rendered:

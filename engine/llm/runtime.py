@@ -25,7 +25,16 @@ import numpy as np
 from engine.config.params import RuntimeSettings
 from engine.core.errors import ArborError, Cancelled, ContextOverflowError, DecodeError
 from engine.core.memory import MemoryKind
-from engine.core.results import FinishReason, Source
+from engine.core.results import (
+    CancelFn,
+    FinishReason,
+    PlanFn,
+    Prepared,
+    ProgressFn,
+    Reuse,
+    Source,
+    TokenFn,
+)
 from engine.core.schedule import CPU_GRID, GPU_GRID, Schedule, decode_schedule
 from engine.llm.llama import LlamaContext, LlamaModel, Sampler, SamplingParams
 from engine.llm.placement import place
@@ -39,22 +48,12 @@ STATE_FLAGS = 0  # full per-sequence state: the only kind safe for every memory 
 # (llama.cpp's AMX kernels crashed on any batch of 2 or more), then one token as replies are.
 CANARY_TOKENS = 16
 
-ProgressFn = Callable[[int, int], None]  # (tokens decoded so far, tokens to decode)
-TokenFn = Callable[[int, str], None]  # (token id, text it added)
-CancelFn = Callable[[], bool]
-# (prompt tokens, tokens reused, where they came from, the checkpoint's last position or None),
-# called once the plan is fixed and before decoding starts: what the progress bar says.
-PlanFn = Callable[[int, int, "Source", int | None], None]
 
 
 @dataclass(frozen=True)
-class PrepareReport:
-    prompt_tokens: int
-    reused_tokens: int
-    decoded_tokens: int
-    source: Source
-    checkpoint_pos: int | None
-    prefill_ms: float
+class PrepareReport(Prepared):
+    """A prepare's figures, with which checkpoint it restored and which ones it found bad."""
+
     checkpoint_id: int | None = None
     failed_checkpoints: tuple[int, ...] = ()
 
@@ -402,7 +401,8 @@ class Runtime:
             self.clear()
         self._live_scope = scope  # what the cache holds now is this scope's alone
         if on_plan is not None:
-            on_plan(len(target), reuse, source, used.pos_max if used is not None else None)
+            on_plan(Reuse(len(target), reuse, source,
+                          used.pos_max if used is not None else None))
         saves = {p for p in save_at if p > reuse}
         self._decode_tail(target, schedule.chunks(reuse), saves, on_checkpoint, on_progress,
                           cancel)

@@ -50,6 +50,7 @@ from engine.llm.reply import CancelFn, PieceFn, ProgressFn
 from engine.service.control import Control, ThreadControl
 from engine.service.process import SHUTDOWN_TIMEOUT_S, EngineProcess
 from engine.service.protocol import (
+    CheckpointUsage,
     ConfigureRequest,
     Crash,
     Emit,
@@ -65,7 +66,6 @@ from engine.service.protocol import (
     Piece,
     Progress,
     Request,
-    StoreUsage,
     Sync,
     Synced,
     Warmed,
@@ -113,7 +113,7 @@ class EngineClient:
     `tap` are safe from any thread; `run` and `call` block the calling thread."""
 
     def __init__(self) -> None:
-        self.usage: StoreUsage | None = None  # the last checkpoint figures the engine sent
+        self.usage: CheckpointUsage | None = None  # the last checkpoint figures the engine sent
         self._listener: Receive | None = None
         self._taps: dict[int, Receive] = {}
         # The engine's death once handed to the taps: a tap made later gets it at once (its
@@ -198,7 +198,7 @@ class EngineClient:
 
     def _dispatch(self, event: Event) -> None:
         """Every event, in order, from the kind's reader or engine thread."""
-        if isinstance(event, StoreUsage):
+        if isinstance(event, CheckpointUsage):
             self.usage = event
         if isinstance(event, EngineDied):
             with self._lock:

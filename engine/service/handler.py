@@ -43,6 +43,7 @@ from engine.llm.runtime import Runtime
 from engine.service.control import Control
 from engine.service.protocol import (
     AdoptCheckpoints,
+    CheckpointUsage,
     ConfigureRequest,
     Emit,
     EngineOptions,
@@ -58,7 +59,6 @@ from engine.service.protocol import (
     Piece,
     Progress,
     Request,
-    StoreUsage,
     Sync,
     Synced,
     TemplateChanged,
@@ -263,9 +263,9 @@ class EngineService:
             return ReplyFailure(FailureKind.ERROR, "no model is loaded")
         reuse: Reuse | None = None
 
-        def on_plan(prompt: int, reused: int, source: Source, position: int | None) -> None:
+        def on_plan(plan: Reuse) -> None:
             nonlocal reuse
-            reuse = Reuse(prompt, reused, source, position)
+            reuse = plan
 
         def on_progress(done: int, total: int) -> None:
             self._emit(Progress(request.request_id, reuse or Reuse(total, 0, Source.NONE, None),
@@ -374,7 +374,7 @@ class EngineService:
         if store is None:
             return
         stats = store.stats()
-        self._emit(StoreUsage(
+        self._emit(CheckpointUsage(
             count=stats.count, ram_bytes=stats.ram_bytes, disk_bytes=stats.disk_bytes,
             ram_budget=stats.ram_budget,
             nodes=tuple(sorted((*node_of_key(key), tier)

@@ -309,7 +309,9 @@ class Finished:
 
 
 @dataclass(frozen=True)
-class StoreUsage:
+class CheckpointUsage:
+    """What the checkpoint store holds: counts, bytes, the nodes that have one, its figures."""
+
     count: int
     ram_bytes: int
     disk_bytes: int
@@ -331,12 +333,13 @@ class Synced:
 
 
 Event = (EngineStarted | EngineDied | LoadProgress | ModelLoaded | LoadFailed | TemplateChanged
-         | Warmed | Progress | Piece | Finished | StoreUsage | ExportDone | Synced)
+         | Warmed | Progress | Piece | Finished | CheckpointUsage | ExportDone | Synced)
 Emit = Callable[[Event], None]  # where an engine sends its events
 
 __all__ = [
     "AdoptCheckpoints",
     "Alive",
+    "CheckpointUsage",
     "ConfigureRequest",
     "EngineOptions",
     "Event",
@@ -353,7 +356,6 @@ __all__ = [
     "Piece",
     "Progress",
     "Request",
-    "StoreUsage",
     "Sync",
     "Synced",
     "TemplateChanged",

@@ -9,10 +9,10 @@ import pytest
 
 from engine.core.errors import Cancelled
 from engine.core.memory import MemoryKind
+from engine.core.results import Reuse, Source
 from engine.core.tree import Role, Tree
 from engine.llm.generator import Generator
 from engine.llm.llama import SamplingParams
-from engine.llm.runtime import Source
 from engine.storage.checkpoints import CheckpointStore
 from tests.conftest import ALL_KINDS, RuntimeFactory
 
@@ -106,15 +106,14 @@ def test_prepare_reports_its_plan_before_decoding(
                           checkpoints=CheckpointStore(runtime.identity()))
     tree, reply = _conversation(generator)
     user = tree.add_child(reply, Role.USER, "And lakes?")
-    plans: list[tuple[int, int, Source, int | None]] = []
+    plans: list[Reuse] = []
     progress: list[tuple[int, int]] = []
     prepared = generator.prepare(
         tree.path_to(user.id),
-        on_plan=lambda *plan: plans.append(plan),
+        on_plan=plans.append,
         on_progress=lambda done, total: progress.append((done, total)),
     )
     report = prepared.report
-    assert plans == [(report.prompt_tokens, report.reused_tokens, report.source,
-                      report.checkpoint_pos)]
+    assert plans == [report.reuse]
     assert report.source is Source.CHECKPOINT  # the recurrent state restored at the prompt end
     assert progress[-1] == (report.decoded_tokens, report.decoded_tokens)
