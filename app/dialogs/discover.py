@@ -113,6 +113,8 @@ class DiscoverPanel(QWidget):
         self.results.setObjectName("discover-results")
         self.results.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.results.setTextElideMode(Qt.TextElideMode.ElideMiddle)
+        self.results.setSpacing(3)
+        self.results.setAlternatingRowColors(True)
         self.repo_label = QLabel("Choose a model on the left.")
         self.repo_label.setWordWrap(True)
         self.table = QTableWidget(0, len(_COLUMNS))

@@ -7,6 +7,7 @@ and a download left unfinished by an earlier run is offered at start."""
 
 from __future__ import annotations
 
+import itertools
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -104,7 +105,7 @@ def test_the_status_bar_gauge_and_sidebar_fit_their_text(
     widgets: list[QWidget] = [w for w in bar.findChildren(QWidget)
                               if w.isVisible() and w.parent() is bar and w.width() > 0]
     widgets.sort(key=lambda w: w.x())
-    for left, right in zip(widgets, widgets[1:], strict=False):
+    for left, right in itertools.pairwise(widgets):
         assert left.geometry().right() < right.x(), (left, right)
     assert widgets[0].x() >= 0 and widgets[-1].geometry().right() <= bar.width()
     for label in (w for w in widgets if isinstance(w, QLabel)):
