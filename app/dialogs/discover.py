@@ -160,6 +160,13 @@ class DiscoverPanel(QWidget):
         jobs.finished.connect(self._on_finished)
         self.show_recommended()
 
+    @Slot()
+    def cancel_pending(self) -> None:
+        """Stop the requests whose answers this panel waits for (it is closing)."""
+        for request in self._wanted.values():
+            self.jobs.cancel(request)
+        self._wanted.clear()
+
     # --- search ------------------------------------------------------------------------------
 
     @Slot()

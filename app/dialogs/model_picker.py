@@ -277,6 +277,7 @@ class ModelPicker(QDialog):
             self.discover = DiscoverPanel(jobs, downloads, settings)
             self.tabs.addTab(self.discover, "Discover")
             downloads.model_downloaded.connect(self._on_downloaded)
+            self.finished.connect(self.discover.cancel_pending)
         else:
             self.tabs.tabBar().hide()
         outer.addWidget(self.tabs)
