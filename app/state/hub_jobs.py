@@ -34,7 +34,7 @@ from engine.models.download import (
     list_partial,
 )
 from engine.models.hub import HubClient, RepoDetails, SortOrder
-from engine.models.quants import QuantGroup
+from engine.models.quants import QuantGroup, parse_gguf_name
 from engine.models.queue import DownloadQueue, JobEvent, JobState
 from engine.models.remote import Hub, HubCancelledError, HubError, default_endpoint
 
@@ -295,7 +295,19 @@ class Downloads(QObject):
         self.rows[number] = row
         self.changed.emit(row)
         if event.state is JobState.DONE and row.files:
-            self.model_downloaded.emit(row.files[0])
+            first = _model_file(row.files[0])
+            if first is not None:
+                self.model_downloaded.emit(first)
+
+
+def _model_file(path: Path) -> Path | None:
+    """The file llama.cpp loads for a downloaded file: itself, or a split model's first part
+    (a part resumed on its own finishes the model only when the first part is there)."""
+    name = parse_gguf_name(path.name)
+    if name is None or name.part == 1:
+        return path
+    first = path.with_name(path.name.replace(f"-{name.part:05d}-of-", "-00001-of-"))
+    return first if first.is_file() else None
 
 
 def _title(partial: PartialDownload) -> str:

@@ -263,3 +263,43 @@ def test_a_gated_model_says_what_to_do_and_the_saved_token_opens_it_unseen(
     assert view.fit_label(0) == "fits"
     assert any(r.authorization == f"Bearer {TOKEN}" for r in fake_hub.requests)
     assert TOKEN not in caplog.text
+
+
+def test_a_split_model_downloads_every_part_and_offers_its_first_to_load(
+        qtbot: QtBot, fake_hub: FakeHub, hub_parts: tuple[HubJobs, Downloads],
+        model_bytes: bytes) -> None:
+    jobs, downloads = hub_parts
+    view = panel(qtbot, jobs, downloads)
+    open_repo(qtbot, view, REPO, "Q8_0")
+    assert view.download_button.text().startswith("Download Q8_0")
+    with qtbot.waitSignal(downloads.model_downloaded, timeout=WAIT) as done:
+        row = view.download_selected()
+    assert row is not None and len(row.remotes) == 2
+    first, second = (data_dirs().models / f"tiny-dense-Q8_0-0000{i}-of-00002.gguf"
+                     for i in (1, 2))
+    assert done.args == [first]
+    assert first.read_bytes() + second.read_bytes() == model_bytes
+
+
+def test_a_resumed_second_part_offers_the_split_models_first_part(
+        qtbot: QtBot, fake_hub: FakeHub, model_bytes: bytes) -> None:
+    client = HubClient(Hub(fake_hub.url))
+    details = client.details(REPO)
+    one, two = client.remote_files(details, details.group("Q8_0"))
+    Downloader(data_dirs().models, client.hub).download(one)
+    cancel = threading.Event()
+
+    def stop(p: Progress) -> None:
+        if p.done >= 1 << 20:
+            cancel.set()
+
+    with pytest.raises(HubCancelledError):
+        Downloader(data_dirs().models, client.hub).download(two, progress=stop, cancel=cancel)
+    downloads = Downloads(data_dirs().models, default_hub)
+    try:
+        [offered] = downloads.find_unfinished()
+        with qtbot.waitSignal(downloads.model_downloaded, timeout=WAIT) as done:
+            downloads.resume(offered.row)
+        assert done.args == [data_dirs().models / one.name]
+    finally:
+        downloads.close()
