@@ -4,7 +4,12 @@ Each row shows what the GGUF header says (name, architecture, file size, trained
 length, memory kind, chat template) without loading the weights; a file whose header cannot be
 read is listed with the reason and cannot be chosen. The chat template can be chosen per model
 file: automatic (the file's own, else llama.cpp's built-in one for the architecture) or any
-template llama.cpp knows by name.
+template llama.cpp knows by name. Models are named as people know them (app.look.model_names);
+the header's own name is in the tooltip.
+
+Given the session's hub jobs and downloads, the picker has a second tab, Discover
+(app.dialogs.discover): a model downloaded there appears in the first tab, selected, ready to
+load.
 """
 
 from __future__ import annotations
@@ -34,10 +39,14 @@ from PySide6.QtWidgets import (
     QLabel,
     QPushButton,
     QTableView,
+    QTabWidget,
     QVBoxLayout,
     QWidget,
 )
 
+from app.dialogs.discover import DiscoverPanel
+from app.look.model_names import display_name
+from app.state.hub_jobs import Downloads, HubJobs
 from engine.config.settings import Settings
 from engine.core.errors import ArborError
 from engine.core.templates import MODEL_TEMPLATE, TemplateChoice, choose_template, template_options
@@ -141,6 +150,8 @@ class ModelListModel(QAbstractTableModel):
             if column is Column.TEMPLATE and entry.info is not None:
                 choice = self._template(entry)
                 return f"Chat template: {choice.describe()}" if choice is not None else None
+            if entry.info is not None and column is Column.NAME:
+                return f"{entry.info.name}\n{entry.path}"
             return entry.problem or str(entry.path)
         if role == Qt.ItemDataRole.FontRole and str(entry.path) == self._loaded:
             font = QFont()
@@ -178,7 +189,7 @@ def _cell(entry: ModelEntry, column: Column) -> str:
     if info is None:
         return f"cannot be used: {entry.problem}" if column is Column.NAME else ""
     if column is Column.NAME:
-        return info.name
+        return display_name(entry.path.name, info.name)
     if column is Column.ARCHITECTURE:
         return info.architecture
     if column is Column.CONTEXT:
@@ -193,7 +204,8 @@ class ModelPicker(QDialog):
 
     def __init__(self, loaded: str | None = None, parent: QWidget | None = None,
                  paths: Sequence[Path] | None = None, *, settings: Settings | None = None,
-                 builtin: Sequence[str] | None = None) -> None:
+                 builtin: Sequence[str] | None = None, jobs: HubJobs | None = None,
+                 downloads: Downloads | None = None) -> None:
         super().__init__(parent)
         self.setWindowTitle("Models")
         self.resize(1060, 400)
@@ -250,12 +262,26 @@ class ModelPicker(QDialog):
         template_row.addWidget(self.template_box, 1)
         note = QLabel(TEMPLATE_NOTE)
         note.setWordWrap(True)
-        column = QVBoxLayout(self)
+        local = QWidget()
+        column = QVBoxLayout(local)
         column.addWidget(self.table)
         column.addLayout(template_row)
         column.addWidget(note)
         column.addWidget(hint)
-        column.addWidget(self.buttons)
+        outer = QVBoxLayout(self)
+        self.tabs = QTabWidget()
+        self.tabs.addTab(local, "On this computer")
+        self.discover: DiscoverPanel | None = None
+        if jobs is not None and downloads is not None:
+            self.resize(1060, 640)
+            self.discover = DiscoverPanel(jobs, downloads, settings)
+            self.tabs.addTab(self.discover, "Discover")
+            downloads.model_downloaded.connect(self._on_downloaded)
+            self.finished.connect(self.discover.cancel_pending)
+        else:
+            self.tabs.tabBar().hide()
+        outer.addWidget(self.tabs)
+        outer.addWidget(self.buttons)
         self.table.selectionModel().selectionChanged.connect(self._update)
         for row in range(self.model.rowCount()):
             if self.model.entry(row).info is not None:
@@ -321,6 +347,11 @@ class ModelPicker(QDialog):
         row = self.model.add(ModelEntry.read(path))
         self.select_row(row)
         self._update()
+
+    def _on_downloaded(self, path: Path) -> None:
+        """A download finished: list it, selected, on the first tab, ready to load."""
+        self.add_file(path)
+        self.tabs.setCurrentIndex(0)
 
     def _update(self) -> None:
         self.load_button.setEnabled(self.chosen() is not None)

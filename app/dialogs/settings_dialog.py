@@ -27,6 +27,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.dialogs.conversation_settings import OVERFLOW_TIP
+from app.dialogs.hub_token import TokenBox
 from engine.config.params import GPU_LAYERS_FIT, KV_TYPE_NAMES, FlashAttention
 from engine.config.settings import MAX_GPU_LAYERS, Effect, Settings, SettingsError, Theme, effect_of
 from engine.core.overflow import Overflow
@@ -149,6 +150,9 @@ class SettingsDialog(QDialog):
             box = QGroupBox(title)
             box.setLayout(form)
             column.addWidget(box)
+        self.token = TokenBox()  # saved by the owner on accept (ModelSettings)
+        self.token.field.textChanged.connect(self._update)
+        column.addWidget(self.token)
         column.addWidget(self.effect_label)
         column.addWidget(self.buttons)
 
@@ -206,8 +210,10 @@ class SettingsDialog(QDialog):
             self.effect_label.setText(f"Cannot apply: {exc}.")
             ok.setEnabled(False)
             return
-        ok.setEnabled(True)
-        self.effect_label.setText(_EFFECT_TEXT[effect])
+        problem = self.token.problem()
+        ok.setEnabled(problem is None)
+        self.effect_label.setText(f"Cannot save the token: {problem}." if problem
+                                  else _EFFECT_TEXT[effect])
 
 
 def _spin(low: int, high: int, value: int, suffix: str, *, step: int = 1) -> QSpinBox:

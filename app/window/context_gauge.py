@@ -19,6 +19,8 @@ from engine.core.tree import Node, Role
 
 WARN_AT = 0.85
 CHARS_PER_TOKEN = 3  # for text not rendered yet: an over-estimate on English, on purpose
+MAX_WIDTH = 300
+TEXT_PADDING = 24  # the style's frame and margins around the bar's text
 
 
 @dataclass(frozen=True)
@@ -72,7 +74,7 @@ class ContextGauge(QObject):
         self.controller = controller
         self.bar = bar
         bar.setObjectName("context-gauge")
-        bar.setMaximumWidth(300)
+        bar.setMaximumWidth(MAX_WIDTH)
         bar.setTextVisible(True)
         self.fill: Fill | None = None
         replies = controller.replies
@@ -115,6 +117,11 @@ class ContextGauge(QObject):
         elif fill.near and not fill.dropping:
             tip += " The next replies will leave the oldest messages out."
         self.bar.setToolTip(tip)
+        # Wide enough for its text: a narrow window squeezed the bar until the text ran out
+        # of it ("2 left|out").
+        room = self.bar.fontMetrics().horizontalAdvance(self.bar.text()) + TEXT_PADDING
+        self.bar.setMinimumWidth(room)
+        self.bar.setMaximumWidth(max(MAX_WIDTH, room))
         # Red past WARN_AT, in either theme.
         self.bar.setStyleSheet("QProgressBar::chunk { background: #c8553d; }"
                                if fill.warn else "")

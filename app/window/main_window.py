@@ -51,9 +51,12 @@ from app.look.theme import theme_events
 from app.state.api_server import AppApi
 from app.state.controller import ChatController
 from app.state.engine_client import ProcessEngine, QtEngine
+from app.state.hub_jobs import Downloads, HubJobs
 from app.tree.tree_panel import TreePanel, panel_nodes_from_tree
 from app.window.context_gauge import ContextGauge
+from app.window.downloads_status import DownloadsStatus
 from app.window.files import FileActions
+from app.window.message_bar import MessageBar
 from app.window.model_settings import ModelSettings
 from app.window.sidebar import Sidebar
 from app.window.status import StatusArea
@@ -102,6 +105,7 @@ class MainWindow(QMainWindow):
         self.composer.setMaximumHeight(120)
         self.send_button = QPushButton("Send")
         self.tree_panel = TreePanel()
+        self.setStatusBar(MessageBar(self))  # elides its message instead of clipping it
         self.status = StatusArea(self.replies, self.statusBar())
         self.progress_label = self.status.label
         self.status_model = self.status.model_label
@@ -111,6 +115,12 @@ class MainWindow(QMainWindow):
         self.context_bar = QProgressBar()
         self.context_gauge = ContextGauge(self.controller, self.context_bar)
         self.statusBar().addPermanentWidget(self.context_bar)
+        self.hub_jobs = HubJobs(parent=self)
+        self.downloads = Downloads(data_dirs().models, parent=self)
+        self.models.jobs, self.models.downloads = self.hub_jobs, self.downloads
+        self.downloads_status = DownloadsStatus(self.downloads, self.status, self.statusBar())
+        self.downloads_status.open_requested.connect(lambda: self.models.pick_model(True))
+        self.downloads_status.offer_unfinished()
         self._build_layout()
         self.actions_by_name = make_actions(Scope.WINDOW, self, self._slots())
         self._build_menus()
@@ -366,7 +376,7 @@ class MainWindow(QMainWindow):
             return
         name = Path(path).name
         if not Path(path).is_file():
-            self.statusBar().showMessage(
+            self.status.message(
                 f"This conversation was set to {name}, which is not there any more; the "
                 "loaded model answers.", 8000)
             return
@@ -435,5 +445,7 @@ class MainWindow(QMainWindow):
         # Stop (at most a chunk or a token), free the model on its own thread, end it.
         self.engine.shutdown()
         self.files.shutdown()  # before the store closes: an abandoned parse commits nothing
+        self.downloads.close()  # parts are kept: the next start offers them
+        self.hub_jobs.close()
         self.store.close()
         super().closeEvent(event)

@@ -14,6 +14,7 @@ from app.dialogs.model_picker import ModelPicker
 from app.dialogs.settings_dialog import SettingsDialog
 from app.look.theme import apply_theme
 from app.state.controller import ChatController
+from app.state.hub_jobs import Downloads, HubJobs
 from app.window.status import StatusArea
 from engine.config.settings import Effect, Settings, SettingsError, effect_of, save_settings
 from engine.files.paths import data_dirs
@@ -30,6 +31,9 @@ class ModelSettings(QObject):
         self.status = status
         self.window = window
         self.replies.model_ready.connect(self._remember_model)
+        # The session's hub search and downloads (the window sets them): Discover's.
+        self.jobs: HubJobs | None = None
+        self.downloads: Downloads | None = None
 
     @property
     def settings(self) -> Settings:
@@ -53,10 +57,14 @@ class ModelSettings(QObject):
             self.load_model(path)
 
     @Slot()
-    def pick_model(self) -> None:
+    def pick_model(self, discover: bool = False) -> None:
+        """The picker; `discover`: open on its Discover tab."""
         loaded = self.replies.model.path if self.replies.model is not None else None
         picker = ModelPicker(loaded, self.window, settings=self.settings,
-                             builtin=self.replies.builtin_templates)
+                             builtin=self.replies.builtin_templates, jobs=self.jobs,
+                             downloads=self.downloads)
+        if discover and picker.discover is not None:
+            picker.tabs.setCurrentWidget(picker.discover)
         if picker.exec() == ModelPicker.DialogCode.Accepted:
             chosen = picker.chosen()
             if chosen is not None:
@@ -79,6 +87,13 @@ class ModelSettings(QObject):
     def edit_settings(self) -> None:
         dialog = SettingsDialog(self.settings, self.window)
         if dialog.exec() == SettingsDialog.DialogCode.Accepted:
+            try:
+                saved = dialog.token.save()
+            except (ValueError, OSError) as exc:  # never the token itself in the message
+                QMessageBox.warning(self.window, "Arbor", f"The token was not saved: {exc}")
+            else:
+                if saved:
+                    self.status.message(saved, 8000)
             try:
                 chosen = dialog.chosen()
             except SettingsError as exc:  # the OK button is disabled for these; belt and braces

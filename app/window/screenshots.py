@@ -2,7 +2,14 @@
 conversation in the light and the dark theme (main-window, main-window-dark) and a reply with
 highlighted code blocks (code-blocks), a reasoning model's replies, one with its reasoning
 folded and one unfolded (reasoning), and a conversation longer than its context, its oldest
-messages left out, with the context gauge (context).
+messages left out, with the context gauge (context); the model picker's Discover tab with the
+recommended models, a repository's quantizations with their fit and the downloads
+(discover), and the window while two downloads go on (downloads).
+
+The Discover shots are made offline: the repository on screen is the bundled SmolLM2 file's
+(its real size and header, read locally, as Discover reads a remote one over ranges), and the
+downloads are staged at a given point of their progress; tests/app/dialogs/test_discover.py
+runs the same widgets against a local hub.
 
     QT_QPA_PLATFORM=offscreen .venv/bin/python -m app.window.screenshots resources/screenshots
     QT_QPA_PLATFORM=offscreen .venv/bin/python -m app.window.screenshots resources/screenshots
@@ -15,6 +22,12 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from app.dialogs.model_picker import ModelPicker
+    from app.state.hub_jobs import Downloads
+    from app.window.main_window import MainWindow
 
 CONTEXT_SHOT_N_CTX = 512
 CONTEXT_SHOT_REPLY = 64  # the longest reply, so the room kept for one
@@ -87,7 +100,7 @@ LONG_SAMPLE = [
                   "coast than the river brings. Some arms, like the Chilia, still push new "
                   "land into the sea."),
 ]
-SHOTS = ("main-window", "code-blocks", "reasoning", "context")
+SHOTS = ("main-window", "code-blocks", "reasoning", "context", "discover", "downloads")
 
 
 def main(argv: list[str]) -> int:
@@ -180,9 +193,75 @@ def main(argv: list[str]) -> int:
         window.chat.scrollTo(window.chat.model().index(left_out),
                              QAbstractItemView.ScrollHint.PositionAtCenter)
         shoot("context")
+    if "discover" in shots or "downloads" in shots:
+        stage_downloads(window.downloads)
+    if "discover" in shots:
+        picker = discover_picker(window)
+        picker.show()
+        app.processEvents()
+        picker.grab().save(str(out / "discover.png"))
+        saved.append(out / "discover.png")
+        picker.close()
+    if "downloads" in shots:
+        open_light(long_id)
+        shoot("downloads")
     window.close()
     print(*saved)
     return 0
+
+
+def stage_downloads(downloads: Downloads) -> None:
+    """Two downloads as they are a minute in: one running, one cancelled (to resume)."""
+    from app.state.hub_jobs import DownloadRow, RowState
+    from engine.models.download import Progress, RemoteFile
+
+    def remote(repo: str, name: str, size: int) -> RemoteFile:
+        return RemoteFile(repo, name, f"https://huggingface.co/{repo}/resolve/main/{name}",
+                          size, None)
+
+    gemma = remote("ggml-org/gemma-3-1b-it-GGUF", "gemma-3-1b-it-Q4_K_M.gguf", 806_058_240)
+    qwen = remote("Qwen/Qwen3-1.7B-GGUF", "Qwen3-1.7B-Q8_0.gguf", 1_834_426_016)
+    running = DownloadRow(1, f"{gemma.repo}:Q4_K_M", (gemma,), RowState.RUNNING, job=1,
+                          progress=Progress(gemma.name, 301_989_888, gemma.size, 0,
+                                            6.2 * 2**20, 77.0, 0), done_bytes=301_989_888)
+    cancelled = DownloadRow(2, f"{qwen.repo}:Q8_0", (qwen,), RowState.CANCELLED,
+                            done_bytes=612_368_384)
+    for row in (running, cancelled):
+        downloads.rows[row.row] = row
+        downloads.changed.emit(row)
+
+
+def discover_picker(window: MainWindow) -> ModelPicker:
+    """The picker on its Discover tab: the recommended list, and the bundled model's
+    repository with its header and fit."""
+    from app.dialogs.model_picker import ModelPicker
+    from engine.models.files import default_model_path, summarize_header, wanted_header_key
+    from engine.models.gguf_header import read_gguf_header
+    from engine.models.hub import RepoDetails
+    from engine.models.quants import RepoFile, group_files
+    from engine.models.remote_header import RemoteHeader
+
+    path = default_model_path()
+    fields = read_gguf_header(path, wanted_header_key)
+    size = path.stat().st_size
+    repo = "HuggingFaceTB/SmolLM2-135M-Instruct-GGUF"
+    picker = ModelPicker(None, window, settings=window.settings,
+                         builtin=window.replies.builtin_templates, jobs=window.hub_jobs,
+                         downloads=window.downloads)
+    panel = picker.discover
+    assert panel is not None
+    picker.tabs.setCurrentWidget(panel)
+    panel.table.blockSignals(True)  # no request: the header is the local file's
+    panel._show_details(RepoDetails(repo, "main", "apache-2.0", False, False,
+                                    tuple(group_files([RepoFile(path.name, size, None)]))))
+    panel.table.blockSignals(False)
+    panel._show_header(RemoteHeader(repo, path.name, size,
+                                    summarize_header(fields, path.name), fields, 0))
+    group = panel.selected_group()
+    if group is not None:
+        panel.download_button.setText(f"Download {group.quant} ({size / 2**20:.0f} MiB)")
+        panel.download_button.setEnabled(True)
+    return picker
 
 
 if __name__ == "__main__":

@@ -2,13 +2,15 @@
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, Signal, Slot
+from PySide6.QtCore import QModelIndex, QPersistentModelIndex, QSize, Qt, Signal, Slot
 from PySide6.QtWidgets import (
     QHBoxLayout,
     QLineEdit,
     QListWidget,
     QListWidgetItem,
     QPushButton,
+    QStyledItemDelegate,
+    QStyleOptionViewItem,
     QVBoxLayout,
     QWidget,
 )
@@ -16,6 +18,15 @@ from PySide6.QtWidgets import (
 from engine.storage.store import ConversationInfo, SearchHit
 
 ID_ROLE = Qt.ItemDataRole.UserRole
+
+
+class _ViewportWide(QStyledItemDelegate):
+    """Rows as wide as the list, whatever their text: a list view sizes a row to its text,
+    so a long title made the list scroll sideways; at the list's width it is elided."""
+
+    def sizeHint(self, option: QStyleOptionViewItem,
+                 index: QModelIndex | QPersistentModelIndex) -> QSize:
+        return QSize(0, super().sizeHint(option, index).height())
 
 
 class Sidebar(QWidget):
@@ -31,6 +42,9 @@ class Sidebar(QWidget):
         self.search.setClearButtonEnabled(True)
         self.list = QListWidget()
         self.list.setObjectName("conversations")
+        self.list.setItemDelegate(_ViewportWide(self.list))
+        self.list.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.list.setTextElideMode(Qt.TextElideMode.ElideRight)
         self.new_button = QPushButton("New")
         self.rename_button = QPushButton("Rename")
         self.delete_button = QPushButton("Delete")
@@ -62,7 +76,8 @@ class Sidebar(QWidget):
             label = info.title + ("  ●" if info.id == self._generating else "")
             item = QListWidgetItem(label)
             item.setData(ID_ROLE, info.id)
-            item.setToolTip(snippets[info.id] if snippets else f"{info.messages} messages")
+            item.setToolTip(snippets[info.id] if snippets
+                            else f"{info.title}\n{info.messages} messages")
             self.list.addItem(item)
             if info.id == current:
                 self.list.setCurrentItem(item)

@@ -14,6 +14,8 @@ from pathlib import Path
 from PySide6.QtCore import QObject, Slot
 from PySide6.QtWidgets import QLabel, QProgressBar, QStatusBar
 
+from app.look.elided_label import ElidedLabel
+from app.look.model_names import display_name
 from app.state.replies import Replies
 from engine.core.results import ReplyReport
 
@@ -26,8 +28,9 @@ class StatusArea(QObject):
         self.progress = QProgressBar()
         self.progress.setVisible(False)
         self.label = QLabel()  # the line above the composer
-        self.model_label = QLabel("Loading the model…")
-        self.store_label = QLabel()
+        # Cut with "…" when the window is narrow, never pushed off the bar's left edge.
+        self.model_label = ElidedLabel("Loading the model…")
+        self.store_label = ElidedLabel()
         self.api_label = QLabel()  # the local API's address, while it serves
         self.api_label.setVisible(False)
         status_bar.addPermanentWidget(self.api_label)
@@ -65,7 +68,7 @@ class StatusArea(QObject):
     @Slot(str)
     def _on_loading(self, path: str) -> None:
         self.show_busy(f"Loading {Path(path).name}…")
-        self.model_label.setText(f"Loading {Path(path).name}…")
+        self.model_label.setText(f"Loading {display_name(Path(path).name)}…")
 
     def show_busy(self, text: str) -> None:
         if self.replies.streaming is not None:
@@ -108,9 +111,11 @@ class StatusArea(QObject):
     def _show_model(self) -> None:
         model, usage = self.replies.model, self.replies.usage
         if model is not None:
-            self.model_label.setText(f"{model.name} · {model.memory_kind.replace('_', ' ')} · "
+            name = display_name(Path(model.path).name, model.name)
+            self.model_label.setText(f"{name} · {model.memory_kind.replace('_', ' ')} · "
                                      f"{model.backend} · ctx {model.n_ctx}")
-            self.model_label.setToolTip(f"{model.path}\nChat template: {model.template}")
+            self.model_label.setToolTip(f"{model.name}\n{model.path}\n"
+                                        f"Chat template: {model.template}")
         if usage is not None:
             self.store_label.setText(
                 f"checkpoints: {usage.count} · RAM {usage.ram_bytes / 2**20:.0f} of "
