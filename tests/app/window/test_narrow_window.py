@@ -31,6 +31,9 @@ from engine.storage.store import Store
 from tests.app_fixtures import TIMEOUT, destroy
 from tests.engine.models.fake_hub import FakeHubServer
 
+# The window at 1280 and 1400 px on the real engine, with the bundled model's real name.
+pytestmark = pytest.mark.engine_process
+
 LONG_TITLE = ("The Danube from its source in the Black Forest to its delta on the Black Sea, "
               "with every capital on the way")
 STEP = ("Reply: 41 of 45 tokens reused from a checkpoint, 4 read at 210 tokens/s, 96 "
