@@ -34,9 +34,10 @@ class Serve:
     """One `python -m engine serve` in a session of its own (Ctrl+C in a terminal reaches
     the whole process group: so does `interrupt`)."""
 
-    def __init__(self, db: Path, model: Path, env: dict[str, str]) -> None:
+    def __init__(self, db: Path, model: Path, env: dict[str, str],
+                 launcher: tuple[str, ...] = ("-m", "engine")) -> None:
         self.process = subprocess.Popen(
-            [sys.executable, "-m", "engine", "serve", "--port", "0", "--db", str(db),
+            [sys.executable, *launcher, "serve", "--port", "0", "--db", str(db),
              "--model", str(model)],
             cwd=ROOT, env=env, stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
             start_new_session=True)
@@ -73,9 +74,10 @@ class Serve:
 
 
 @contextmanager
-def serving(tmp_path: Path, model: Path) -> Iterator[Serve]:
+def serving(tmp_path: Path, model: Path,
+            launcher: tuple[str, ...] = ("-m", "engine")) -> Iterator[Serve]:
     env = {**os.environ, "ARBOR_HOME": str(tmp_path / "home")}
-    serve = Serve(tmp_path / "api.db", model, env)
+    serve = Serve(tmp_path / "api.db", model, env, launcher)
     try:
         yield serve
     finally:
@@ -171,6 +173,21 @@ def test_ctrl_c_ends_serve_even_when_its_engine_has_stopped_answering(
         waiting.join(TIMEOUT)
         assert waiting.result is not None
         _assert_clean_end(code, rest, serve.engine_pid)
+
+
+# `arbor-engine serve` started with SIGINT ignored, as a shell starts a job in the background:
+# Python then installs no KeyboardInterrupt handler, and uvicorn's raising of the signal again
+# once it has stopped does nothing.
+IGNORING_SIGINT = ("-c", "import signal, sys; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+                         "from engine.cli.main import main; sys.exit(main(sys.argv[1:]))")
+
+
+def test_sigint_ends_serve_as_interrupted_whatever_handler_it_was_started_with(
+        tmp_path: Path, smollm2_path: Path) -> None:
+    with serving(tmp_path, smollm2_path, IGNORING_SIGINT) as serve:
+        code, rest = serve.interrupt()
+        _assert_clean_end(code, rest, serve.engine_pid)
+        assert "interrupted" in rest
 
 
 def test_the_serving_line_comes_once_connections_are_accepted(
