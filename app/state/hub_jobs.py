@@ -35,7 +35,7 @@ from engine.models.download import (
 )
 from engine.models.hub import HubClient, RepoDetails, SortOrder
 from engine.models.quants import QuantGroup, parse_gguf_name
-from engine.models.queue import DownloadQueue, JobEvent, JobState
+from engine.models.queue import Cancels, DownloadQueue, JobEvent, JobState
 from engine.models.remote import Hub, HubCancelledError, HubError, default_endpoint
 
 log = logging.getLogger(__name__)
@@ -79,9 +79,8 @@ class HubJobs(QObject):
         self._hub = hub
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="hub")
         self._next = 0
-        self._cancels: dict[int, threading.Event] = {}
+        self._cancels = Cancels()
         self._search: int | None = None
-        self._lock = threading.Lock()
 
     def hub(self) -> Hub:
         """The hub as a request would see it now (its address and token)."""
@@ -104,25 +103,18 @@ class HubJobs(QObject):
                             lambda c, cancel: c.header(details, group, cancel))
 
     def cancel(self, request: int) -> None:
-        with self._lock:
-            event = self._cancels.get(request)
-        if event is not None:
-            event.set()
+        self._cancels.cancel(request)
 
     def close(self) -> None:
         """Cancel everything and wait for the workers (each stops at its next check)."""
-        with self._lock:
-            for event in self._cancels.values():
-                event.set()
+        self._cancels.cancel_all()
         self._pool.shutdown(wait=True)
 
     def _submit(self, call: Call, key: Any,
                 action: Callable[[HubClient, threading.Event], Any]) -> int:
         self._next += 1
         request = self._next
-        cancel = threading.Event()
-        with self._lock:
-            self._cancels[request] = cancel
+        cancel = self._cancels.new(request)
         self._pool.submit(self._run, request, call, key, action, cancel)
         return request
 
@@ -144,9 +136,7 @@ class HubJobs(QObject):
             log.exception("hub %s failed", call.value)
             result = HubResult(request, call, error=f"unexpected error ({type(exc).__name__}: "
                                f"{exc})", key=key)
-        with self._lock:
-            self._cancels.pop(request, None)
-            cancelled = cancel.is_set()
+        cancelled = self._cancels.done(request)
         if result is not None and not cancelled:
             self.finished.emit(result)
 

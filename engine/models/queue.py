@@ -48,6 +48,37 @@ class JobEvent:
     error: str | None = None  # when failed: the message to show as it is
 
 
+class Cancels:
+    """One cancel event per running job, shared by the job's thread and whoever stops it."""
+
+    def __init__(self) -> None:
+        self._events: dict[int, threading.Event] = {}
+        self._lock = threading.Lock()
+
+    def new(self, job: int) -> threading.Event:
+        event = threading.Event()
+        with self._lock:
+            self._events[job] = event
+        return event
+
+    def cancel(self, job: int) -> None:
+        with self._lock:
+            event = self._events.get(job)
+        if event is not None:
+            event.set()
+
+    def cancel_all(self) -> None:
+        with self._lock:
+            for event in self._events.values():
+                event.set()
+
+    def done(self, job: int) -> bool:
+        """The job ended: forget it; whether it was cancelled."""
+        with self._lock:
+            event = self._events.pop(job, None)
+        return event is not None and event.is_set()
+
+
 class DownloadQueue:
     """Runs queued downloads `parallel` at a time on worker threads."""
 
@@ -57,31 +88,23 @@ class DownloadQueue:
         self._on_event = on_event
         self._pool = ThreadPoolExecutor(max_workers=parallel, thread_name_prefix="download")
         self._ids = itertools.count(1)
-        self._cancels: dict[int, threading.Event] = {}
-        self._lock = threading.Lock()
+        self._cancels = Cancels()
 
     def add(self, title: str, remotes: list[RemoteFile]) -> int:
         """Queue a model's files; its job id (events carry it)."""
         job = next(self._ids)
-        cancel = threading.Event()
-        with self._lock:
-            self._cancels[job] = cancel
+        cancel = self._cancels.new(job)
         self._emit(JobEvent(job, title, JobState.QUEUED, parts=len(remotes)))
         self._pool.submit(self._run, job, title, list(remotes), cancel)
         return job
 
     def cancel(self, job: int) -> None:
         """Stop a job, queued or running; its parts stay to resume (add it again)."""
-        with self._lock:
-            event = self._cancels.get(job)
-        if event is not None:
-            event.set()
+        self._cancels.cancel(job)
 
     def close(self) -> None:
         """Cancel every job and wait for the workers to stop (parts are kept)."""
-        with self._lock:
-            for event in self._cancels.values():
-                event.set()
+        self._cancels.cancel_all()
         self._pool.shutdown(wait=True)
 
     def _run(self, job: int, title: str, remotes: list[RemoteFile],
@@ -105,8 +128,7 @@ class DownloadQueue:
             log.exception("download job %d failed", job)
             final = JobEvent(job, title, JobState.FAILED, parts=len(remotes),
                              error=f"unexpected error ({type(exc).__name__}: {exc})")
-        with self._lock:
-            self._cancels.pop(job, None)
+        self._cancels.done(job)
         self._emit(final)
 
     def _progress(self, job: int, title: str, index: int, parts: int

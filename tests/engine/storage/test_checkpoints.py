@@ -1,7 +1,7 @@
 """Checkpoints on real llama.cpp: placement, search, verified restore, the store, faults.
 
-Many tests here are the bugs of the ik_llama.cpp server change this project grew from
-(../shared/reference/ik_llama-checkpoints-pr.txt), one test each.
+Many tests here are the bugs of the ik_llama.cpp server's checkpoint change, the design this
+project grew from, one test each.
 """
 
 from __future__ import annotations
