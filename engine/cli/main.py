@@ -22,6 +22,7 @@ from engine.bench.main import add_arguments as add_bench_arguments
 from engine.cli import hub as hub_cli
 from engine.config.endpoints import RpcError, parse_endpoints
 from engine.config.params import CacheMode, CheckpointOptions
+from engine.config.settings import SettingsError
 from engine.core.errors import (
     ArborError,
     EngineCrashed,
@@ -131,6 +132,10 @@ def build_parser() -> argparse.ArgumentParser:
                          "and --api-key)")
     sv.add_argument("--port", type=int, default=8080)
     sv.add_argument("--model", default="default", help="a GGUF path or 'default'")
+    sv.add_argument("--ctx-size", type=int, metavar="N",
+                    help="tokens of context (default: the app's setting)")
+    sv.add_argument("--threads", type=int, metavar="N",
+                    help="CPU threads (default: the app's setting; 0: automatic)")
     key = sv.add_mutually_exclusive_group()
     key.add_argument("--api-key", help="clients must send 'Authorization: Bearer KEY' (every "
                                        "local user can read a command line: prefer the file "
@@ -276,7 +281,14 @@ def _serve(args: argparse.Namespace) -> int:
     options = ServerOptions(host=args.host, port=args.port, api_key=api_key,
                             allow_remote=args.allow_remote,
                             cors_origins=tuple(args.cors_origin))
-    settings = replace(load_settings().settings, rpc_workers=args.rpc)
+    settings = load_settings().settings
+    try:
+        settings = replace(
+            settings, rpc_workers=args.rpc,
+            n_ctx=settings.n_ctx if args.ctx_size is None else args.ctx_size,
+            n_threads=settings.n_threads if args.threads is None else args.threads)
+    except SettingsError as exc:
+        raise UsageError(str(exc)) from None
     try:
         serve(resolve_model(args.model), settings, args.db, options)
     except ValueError as exc:

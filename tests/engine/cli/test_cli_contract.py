@@ -173,3 +173,13 @@ def test_export_leaves_a_streaming_reply_alone(
     assert result.returncode == 0, result.stderr
     assert out.exists()
     assert _statuses(db_with_streaming_reply) == ["complete", "complete", "streaming"]
+
+
+@pytest.mark.parametrize("flag, value, named", [("--ctx-size", "10", "context"),
+                                               ("--threads", "-3", "threads")])
+def test_serve_refuses_a_context_or_thread_count_the_settings_refuse(
+    flag: str, value: str, named: str, tmp_path: Path
+) -> None:
+    line = _bad_input(_cli("serve", "--db", tmp_path / "a.db", flag, value))
+    assert named in line
+    assert not (tmp_path / "a.db").exists()  # refused before anything was opened
