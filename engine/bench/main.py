@@ -20,7 +20,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from engine.bench import api_session
+from engine.bench.api_session import Plan, Server
 from engine.bench.cases import NEW_TEXT, Case, Conversation, rotation
+from engine.bench.llama_server import ServerAbsent
 from engine.bench.models import NAMES, BenchModel, ModelAbsent, Tokens, find
 from engine.bench.report import (
     Record,
@@ -41,6 +44,8 @@ log = logging.getLogger(__name__)
 FULL_LENGTHS = (512, 1024, 2048, 3500)
 QUICK_LENGTHS = (512, 1024)
 QUICK_MODELS = "smollm2,gemma,mamba,hybrid"
+SESSION_LENGTHS = (2048, 8192, 16384)
+QUICK_SESSION_LENGTHS = (2048,)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -58,6 +63,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true",
                         help=f"lengths {','.join(map(str, QUICK_LENGTHS))}, one round, models "
                         f"{QUICK_MODELS}, short limit checks: a few minutes on 2 cores")
+    parser.add_argument("--session-lengths", default=",".join(map(str, SESSION_LENGTHS)),
+                        help="the API session's lengths in tokens (default: %(default)s; "
+                        f"--quick: {','.join(map(str, QUICK_SESSION_LENGTHS))})")
+    parser.add_argument("--session-servers", default=",".join(s.value for s in Server),
+                        help="the API session's servers, from "
+                        + ", ".join(s.value for s in Server))
+    parser.add_argument("--no-session", action="store_true",
+                        help="skip the API session (a SillyTavern-like client on each server)")
     parser.add_argument("--no-limits", action="store_true",
                         help="skip the engine limits (checkpoint throughput, store, threads)")
     parser.add_argument("--install-models", action="store_true",
@@ -90,10 +103,13 @@ def default_threads() -> int:
 
 def measure(models: list[BenchModel], lengths: list[int], systems: list[System], rounds: int,
             *, n_threads: int, n_ctx: int = 4608,
-            done: Callable[[list[Record]], None] | None = None) -> list[Record]:
+            done: Callable[[list[Record]], None] | None = None,
+            absent: dict[str, str] | None = None) -> list[Record]:
     """Every system on every model, length and round, the systems interleaved in a rotating
     order within each round. Rounds are the outer loop, so that a run cut short still has
-    whole rounds; `done` hears the records so far after each model's part of a round."""
+    whole rounds; `done` hears the records so far after each model's part of a round. A
+    server that cannot run here is left out, and why is added to `absent`."""
+    absent = {} if absent is None else absent
     sizes: dict[str, tuple[float, dict[Case, int]]] = {}
     for model in models:
         tokens = Tokens(model.path)
@@ -112,9 +128,17 @@ def measure(models: list[BenchModel], lengths: list[int], systems: list[System],
                 conversation = Conversation.of_length(length, per_word)
                 for name in rotation([s.value for s in systems], round_index + k):
                     system = System(name)
+                    if name in absent:
+                        continue
                     log.info("round %d, %s, %d tokens: %s", round_index + 1, model.title,
                              length, system.label)
-                    for case, m in run(system, setup, conversation).items():
+                    try:
+                        measured = run(system, setup, conversation)
+                    except ServerAbsent as exc:
+                        log.warning("%s: absent: %s", system.label, exc)
+                        absent[name] = str(exc)
+                        continue
+                    for case, m in measured.items():
                         records.append(Record(
                             model=model.title, system=system.value, length=length,
                             round=round_index, case=case, ttft_ms=m.ttft_ms, decoded=m.decoded,
@@ -185,6 +209,27 @@ def limits_markdown(data: dict[str, Any], *, heading: str = "###") -> str:
     return "\n".join(lines) + "\n"
 
 
+def session(models: list[BenchModel], args: argparse.Namespace, *, n_threads: int, out: Path,
+            keep: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    """The API session on every model and server, one server at a time; `keep` hears the
+    figures so far after each request's model is done."""
+    plan = Plan(tuple(int(n) for n in args.session_lengths.split(",") if n))
+    servers = [Server(s) for s in args.session_servers.split(",") if s]
+    logs = out / "session-logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    measures: list[api_session.Measure] = []
+    absent: dict[str, str] = {}
+    for model in models:
+        if model.swa_full:  # a setting of Arbor's context, not a model: not a server's
+            continue
+        got, missing = api_session.measure([(model.title, model.path)], servers, plan,
+                                           n_threads=n_threads, work=logs)
+        measures += got
+        absent.update(missing)
+        keep(api_session.to_json(measures, absent, plan))
+    return api_session.to_json(measures, absent, plan)
+
+
 TITLES = {s.value: s.label for s in System}
 
 
@@ -198,6 +243,7 @@ class Results:
     systems: list[System]
     records: list[Record]
     limits: dict[str, Any] | None = None
+    session: dict[str, Any] | None = None  # api_session.to_json of the API session
 
     @property
     def order(self) -> list[str]:
@@ -211,9 +257,11 @@ class Results:
         data: dict[str, Any] = {
             "machine": machine(), "threads": self.threads, "lengths": self.lengths,
             "rounds": self.rounds, "systems": self.order,
-            "models": [asdict(m) for m in self.models],
+            "models": [{"name": m.name, "title": m.title, "kind": m.kind.value,
+                        "file": m.path.name, "swa_full": m.swa_full} for m in self.models],
             "absent": self.absent, "records": [asdict(r) for r in self.records],
             "targets": [asdict(v) for v in verdicts], "limits": self.limits,
+            "session": self.session,
         }
         write_json(out / "results.json", data)
         (out / "results.md").write_text(results_markdown(data), encoding="utf-8")
@@ -245,6 +293,8 @@ def results_markdown(data: dict[str, Any], *, heading: str = "#") -> str:
                  table(records, order, TITLES, lengths=[longest]),
                  f"{sub} Targets", "", targets_table(verdicts), f"{sub} Every length", "",
                  table(records, order, TITLES)]
+    if data.get("session"):
+        text += [api_session.markdown(data["session"], heading=sub)]
     if data["limits"] is not None:
         text += [f"{sub} Engine limits", "", limits_markdown(data["limits"], heading=sub + "#")]
     return "\n".join(text)
@@ -255,6 +305,8 @@ def main(args: argparse.Namespace) -> int:
     if args.quick:
         args.lengths = ",".join(map(str, QUICK_LENGTHS))
         args.rounds = 1
+        if args.session_lengths == ",".join(map(str, SESSION_LENGTHS)):
+            args.session_lengths = ",".join(map(str, QUICK_SESSION_LENGTHS))
         if args.models == ",".join(NAMES):
             args.models = QUICK_MODELS
     lengths = [int(n) for n in args.lengths.split(",") if n]
@@ -287,8 +339,15 @@ def main(args: argparse.Namespace) -> int:
         results.records = records
         results.write(out)
 
-    records = measure(models, lengths, systems, args.rounds, n_threads=n_threads, done=keep)
+    records = measure(models, lengths, systems, args.rounds, n_threads=n_threads, done=keep,
+                      absent=results.absent)
     keep(records)
+    if not args.no_session:
+        def keep_session(data: dict[str, Any]) -> None:
+            results.session = data
+            results.write(out)
+
+        keep_session(session(models, args, n_threads=n_threads, out=out, keep=keep_session))
     written = plots(records, results.order, TITLES, out)
     log.info("wrote %s, %s and %d plots", out / "results.json", out / "results.md", len(written))
     sys.stdout.write((out / "results.md").read_text(encoding="utf-8"))

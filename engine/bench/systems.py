@@ -6,6 +6,8 @@
   plain        a plain app on llama-cpp-python: `Llama.create_chat_completion`, with its own
                longest-common-prefix reuse of its one cache
   ramcache     the same app with llama-cpp-python's `LlamaRAMCache`
+  llama-server llama.cpp's own server (engine.bench.llama_server), with its context
+               checkpoints and host-memory prompt cache, driven as a chat app drives its API
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import tempfile
 from dataclasses import dataclass, replace
 from enum import StrEnum
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from engine.bench.cases import (
     AFTER_SWITCH,
@@ -42,6 +44,7 @@ class System(StrEnum):
     REPROCESS = "reprocess"
     PLAIN = "plain"
     RAMCACHE = "ramcache"
+    LLAMA_SERVER = "llama-server"
 
     @property
     def label(self) -> str:
@@ -53,6 +56,7 @@ _TITLES = {
     System.REPROCESS: "Arbor --cache none (full reprocess)",
     System.PLAIN: "llama-cpp-python chat (prefix reuse)",
     System.RAMCACHE: "llama-cpp-python + LlamaRAMCache",
+    System.LLAMA_SERVER: "llama-server (checkpoints, RAM cache)",
 }
 SETUP = "setup"  # the key of the setup's last send (a full prompt for everyone)
 
@@ -83,10 +87,13 @@ class Setup:
 
 
 def run(system: System, setup: Setup, conversation: Conversation) -> dict[str, Measure]:
-    """Replay `conversation`'s session on `system`; its measures keyed by case (and SETUP)."""
+    """Replay `conversation`'s session on `system`; its measures keyed by case (and SETUP).
+    ServerAbsent if llama-server cannot be built or started here."""
     if system in (System.ARBOR, System.REPROCESS):
         return _arbor(setup, conversation, CacheMode.CHECKPOINTS if system is System.ARBOR
                       else CacheMode.NONE)
+    if system is System.LLAMA_SERVER:
+        return _llama_server(setup, conversation)
     return _peer(setup, conversation, ram_cache=system is System.RAMCACHE)
 
 
@@ -108,6 +115,18 @@ def _arbor(setup: Setup, conversation: Conversation, cache: CacheMode) -> dict[s
     return out
 
 
+Messages = list[dict[str, str]]
+
+
+class Chat(Protocol):
+    """A chat app on a peer: greedy replies, timed, with the prompt tokens decoded for each."""
+
+    def ask(self, messages: Messages, max_tokens: int) -> tuple[str, float, int]: ...
+
+    def resume(self, messages: Messages, partial: str,
+               max_tokens: int) -> tuple[str, float, int]: ...
+
+
 def _peer(setup: Setup, conversation: Conversation, *, ram_cache: bool) -> dict[str, Measure]:
     from engine.llm.llama import PlainChat
 
@@ -119,8 +138,26 @@ def _peer(setup: Setup, conversation: Conversation, *, ram_cache: bool) -> dict[
     chat = PlainChat(setup.model, n_ctx=setup.n_ctx, n_batch=setup.n_batch,
                      n_threads=setup.n_threads, ram_cache=ram_cache, swa_full=setup.swa_full,
                      chat_format=chat_format)
+    try:
+        return _session(chat, conversation)
+    finally:
+        chat.close()
+
+
+def _llama_server(setup: Setup, conversation: Conversation) -> dict[str, Measure]:
+    from engine.bench.api_session import Server, ServerChat, launch, running
+
+    with tempfile.TemporaryDirectory(prefix="arbor-bench-") as tmp:
+        spec = launch(Server.LLAMA_SERVER, setup.model, n_ctx=setup.n_ctx,
+                      n_batch=setup.n_batch, n_threads=setup.n_threads,
+                      swa_full=setup.swa_full)
+        with running(spec, Path(tmp) / "llama-server.log") as url:
+            return _session(ServerChat(url), conversation)
+
+
+def _session(chat: Chat, conversation: Conversation) -> dict[str, Measure]:
+    """The benchmark's session as a chat app on `chat` performs it."""
     out: dict[str, Measure] = {}
-    Messages = list[dict[str, str]]
 
     def ask(messages: Messages, key: str | None = None, max_tokens: int = REPLY_TOKENS) -> str:
         text, ttft, decoded = chat.ask(messages, max_tokens)
@@ -134,24 +171,21 @@ def _peer(setup: Setup, conversation: Conversation, *, ram_cache: bool) -> dict[
     def assistant(text: str) -> dict[str, str]:
         return {"role": "assistant", "content": text}
 
-    try:
-        base: Messages = [{"role": "system", "content": SYSTEM}] if SYSTEM else []
-        history: Messages = list(base)
-        for k, turn in enumerate(conversation.turns):
-            history.append(user(turn))
-            last = k == len(conversation.turns) - 1
-            history.append(assistant(ask(history, SETUP if last else None)))
-        edited = [*history[:-2], user(conversation.edited_last)]
-        ask(edited, Case.EDIT_LAST.value)
-        branch = [*edited, assistant(ask(edited, Case.REGENERATE.value))]  # the same prompt
-        ask([*base, user(EARLY_EDIT)], Case.EDIT_EARLY.value)
-        back = [*branch, user(AFTER_SWITCH)]
-        asked = [*back, assistant(ask(back, Case.SWITCH_BACK.value)), user(TO_INTERRUPT)]
-        partial = ask(asked, max_tokens=INTERRUPTED_AT)
-        more, ttft, decoded = chat.resume(asked, partial, REPLY_TOKENS)
-        out[Case.CONTINUE.value] = Measure(ttft, decoded, more)
-        # A plain app has no warm-up: the next message is simply sent.
-        ask([*asked, assistant(partial + more), user(AFTER_WARM)], Case.WARM_SEND.value)
-    finally:
-        chat.close()
+    base: Messages = [{"role": "system", "content": SYSTEM}] if SYSTEM else []
+    history: Messages = list(base)
+    for k, turn in enumerate(conversation.turns):
+        history.append(user(turn))
+        last = k == len(conversation.turns) - 1
+        history.append(assistant(ask(history, SETUP if last else None)))
+    edited = [*history[:-2], user(conversation.edited_last)]
+    ask(edited, Case.EDIT_LAST.value)
+    branch = [*edited, assistant(ask(edited, Case.REGENERATE.value))]  # the same prompt
+    ask([*base, user(EARLY_EDIT)], Case.EDIT_EARLY.value)
+    back = [*branch, user(AFTER_SWITCH)]
+    asked = [*back, assistant(ask(back, Case.SWITCH_BACK.value)), user(TO_INTERRUPT)]
+    partial = ask(asked, max_tokens=INTERRUPTED_AT)
+    more, ttft, decoded = chat.resume(asked, partial, REPLY_TOKENS)
+    out[Case.CONTINUE.value] = Measure(ttft, decoded, more)
+    # A plain app has no warm-up: the next message is simply sent.
+    ask([*asked, assistant(partial + more), user(AFTER_WARM)], Case.WARM_SEND.value)
     return out

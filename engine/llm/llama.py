@@ -743,3 +743,24 @@ class PlainChat:
         ended = time.perf_counter()
         decoded = self._batches[0] if self._batches else 0
         return "".join(out), ((first or ended) - started) * 1000.0, decoded
+
+
+def serve_plain(path: Path, *, host: str, port: int, n_ctx: int, n_batch: int,
+                n_threads: int, chat_format: str | None = None) -> None:
+    """llama-cpp-python's own OpenAI-compatible server (`python -m llama_cpp.server`) on the
+    backends Arbor chose, with repacking as Arbor's engine runs it, until interrupted: the
+    benchmark's peer for API sessions. Its defaults otherwise (one cache, prefix reuse)."""
+    import uvicorn
+    from llama_cpp.server.app import create_app
+    from llama_cpp.server.settings import ModelSettings, ServerSettings
+
+    from engine.llm.repack import RepackGuard
+
+    decision = RepackGuard(path, native_backends()).decide()
+    with _default_repack(decision.repack):
+        app = create_app(
+            server_settings=ServerSettings(host=host, port=port),
+            model_settings=[ModelSettings(
+                model=str(path), n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads,
+                n_threads_batch=n_threads, chat_format=chat_format, verbose=False)])
+    uvicorn.run(app, host=host, port=port, log_level="warning")

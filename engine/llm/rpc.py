@@ -183,7 +183,7 @@ def worker_program(folder: Path | None = None) -> Path:
     if not build_supports_rpc():
         raise RpcError("this llama-cpp-python build has no RPC backend; run `make` (it builds "
                        "one with RPC on), or reinstall with CMAKE_ARGS=\"-DGGML_RPC=on\"")
-    sdist = _find_sdist(version)
+    sdist = find_sdist(version)
     compiler = shutil.which(os.environ.get("CXX", "g++"))
     if compiler is None:
         raise RpcError("building the RPC worker needs a C++ compiler (g++)")
@@ -210,7 +210,7 @@ def worker_program(folder: Path | None = None) -> Path:
     return program
 
 
-def _find_sdist(version: str) -> Path:
+def find_sdist(version: str) -> Path:
     name = f"llama_cpp_python-{version}.tar.gz"
     for folder in (*(Path(p) for p in os.environ.get("ARBOR_LLAMA_SDIST_DIR", "").split(
             os.pathsep) if p), *SDIST_DIRS):

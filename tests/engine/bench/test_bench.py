@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from engine.bench.api_session import Server
 from engine.bench.cases import (
     MEASURED,
     SETUP_LAST,
@@ -187,6 +188,11 @@ def test_every_system_replays_every_case_and_arbor_says_what_the_reprocess_says(
         assert plain <= 1  # its prefix reuse: the same prompt again
     else:  # a recurrent state cannot be cut back: llama-cpp-python reads it all again
         assert plain >= full[Case.REGENERATE.value].decoded - 8
+    # llama-server, built from the vendored sources, reports what it decoded: the same
+    # prompt again costs it a token on a dense cache, a few from its checkpoint just before
+    # the prompt's end on a recurrent one.
+    server = results[System.LLAMA_SERVER][Case.REGENERATE.value].decoded
+    assert server <= 1 if kind == "dense" else 1 <= server < full[Case.REGENERATE.value].decoded / 2
 
 
 def test_the_command_writes_json_markdown_and_plots(
@@ -194,7 +200,8 @@ def test_the_command_writes_json_markdown_and_plots(
 ) -> None:
     monkeypatch.setenv("ARBOR_HOME", str(tmp_path / "home"))
     args = cli_args(["--models", str(tiny_models["hybrid"]), "--lengths", "120,200",
-                     "--rounds", "2", "--no-limits", "--out", str(tmp_path / "out")])
+                     "--rounds", "2", "--no-limits", "--session-lengths", "150",
+                     "--out", str(tmp_path / "out")])
     assert bench_main(args) == 0
     data = json.loads((tmp_path / "out" / "results.json").read_text())
     assert data["machine"]["logical_cores"] >= 1 and data["rounds"] == 2
@@ -204,6 +211,12 @@ def test_the_command_writes_json_markdown_and_plots(
     markdown = (tmp_path / "out" / "results.md").read_text()
     assert "## Targets" in markdown and Case.SWITCH_BACK.label in markdown
     assert len(list((tmp_path / "out").glob("ttft-*.png"))) == len(Case)
+    assert all(set(m) == {"name", "title", "kind", "file", "swa_full"} and "/" not in m["file"]
+               for m in data["models"])  # models named, not the machine's paths
+    session = data["session"]
+    assert session["absent"] == {}
+    assert {m["server"] for m in session["measures"]} == {s.value for s in Server}
+    assert "A SillyTavern-like session over the API" in markdown
 
 
 # --- engine limits -----------------------------------------------------------------------

@@ -60,7 +60,7 @@ def test_a_run_writes_results_md_with_the_same_renderer(
 
     data = json.loads((RESULTS / "results.json").read_text(encoding="utf-8"))
     monkeypatch.setattr(bench, "machine", lambda: data["machine"])  # no llama.cpp here
-    models = [BenchModel(m["name"], m["title"], MemoryKind(m["kind"]), Path(m["path"]),
+    models = [BenchModel(m["name"], m["title"], MemoryKind(m["kind"]), Path(m["file"]),
                          m["swa_full"]) for m in data["models"]]
     results = bench.Results(models, {}, data["lengths"], data["rounds"], data["threads"],
                             [System(s) for s in ("arbor", "reprocess", "plain", "ramcache")],

@@ -231,7 +231,7 @@ def test_the_handshake_constants_are_the_bundled_llama_cpps() -> None:
     """The probe speaks the protocol of the llama.cpp llama-cpp-python vendors: checked
     against its sdist (which `make` keeps) when it is at hand."""
     try:
-        sdist = rpc._find_sdist(rpc.llama_cpp_version())
+        sdist = rpc.find_sdist(rpc.llama_cpp_version())
     except RpcError as exc:
         pytest.skip(str(exc))
     prefix = sdist.name.removesuffix(".tar.gz") + "/vendor/llama.cpp/ggml/"
