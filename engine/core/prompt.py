@@ -25,6 +25,7 @@ import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from engine.core.errors import ArborError, Cancelled
+from engine.core.prefix import common_prefix
 from engine.core.results import CancelFn
 from engine.core.tree import Node, Role
 
@@ -316,7 +317,7 @@ class PromptBuilder:
         without = self._template.render(messages, add_generation_prompt=False)
         if not with_prompt.startswith(without):
             log.warning("chat template: generation prompt is not a suffix; using the difference")
-        return with_prompt[_common_prefix_len(with_prompt, without):]
+        return with_prompt[common_prefix(with_prompt, without):]
 
     def _render_messages(self, path: Sequence[Node]) -> str:
         messages = _messages(path)
@@ -357,7 +358,7 @@ class PromptBuilder:
         except TemplateError as exc:
             log.warning("chat template: cannot find the reply frame (%s)", exc)
             return None
-        piece = after[_common_prefix_len(before, after):]
+        piece = after[common_prefix(before, after):]
         if piece.count(_SENTINEL) != 1:
             log.warning("chat template rewrites reply text; replies will be re-rendered")
             return None
@@ -561,7 +562,7 @@ def _rewritten_end(before: str, after: str) -> int:
     with their tokens, hold the reasoning they were read with.
     """
     end = _kept_tail_end(before, after)
-    cut = _common_prefix_len(before, after)
+    cut = common_prefix(before, after)
     if end is None:
         log.warning("chat template rewrote earlier turns; node keeps only its new text")
         return cut
@@ -573,7 +574,7 @@ def _rewritten_end(before: str, after: str) -> int:
 def _kept_tail_end(before: str, after: str) -> int | None:
     """Where the rewritten earlier turns end in `after` (see `_rewritten_end`): after the
     common prefix, the longest stretch of `after` that `before` ends with; None if none."""
-    cut = _common_prefix_len(before, after)
+    cut = common_prefix(before, after)
     rewritten, rest = before[cut:], after[cut:]
     last = rewritten[-1:]
     end = next((n for n in range(min(len(rewritten), len(rest)), 0, -1)
@@ -581,9 +582,3 @@ def _kept_tail_end(before: str, after: str) -> int | None:
     return cut + end if end else None
 
 
-def _common_prefix_len(a: str, b: str) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i

@@ -25,6 +25,7 @@ import numpy as np
 from engine.config.params import RuntimeSettings
 from engine.core.errors import ArborError, Cancelled, ContextOverflowError, DecodeError
 from engine.core.memory import MemoryKind
+from engine.core.prefix import common_prefix
 from engine.core.results import (
     CancelFn,
     FinishReason,
@@ -249,8 +250,8 @@ class Runtime:
         schedule = schedule or self.schedule(len(target))
         if not self._bounds:
             return 0
-        common = _common_prefix(self._live[: self.canonical_tokens], target)
-        agreed = _common_prefix(self._bounds, schedule.ends[:-1])
+        common = common_prefix(self._live[: self.canonical_tokens], target)
+        agreed = common_prefix(self._bounds, schedule.ends[:-1])
         usable = [end for end in self._bounds[:agreed] if end <= common]
         if not usable:
             return 0
@@ -597,9 +598,3 @@ def _llama_cpp_version() -> str:
     return metadata.version("llama-cpp-python")
 
 
-def _common_prefix(a: Sequence[int], b: Sequence[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i
