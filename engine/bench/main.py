@@ -69,6 +69,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--session-servers", default=",".join(s.value for s in Server),
                         help="the API session's servers, from "
                         + ", ".join(s.value for s in Server))
+    parser.add_argument("--session-models", default="",
+                        help="the API session's models, of --models (default: all of them)")
     parser.add_argument("--no-session", action="store_true",
                         help="skip the API session (a SillyTavern-like client on each server)")
     parser.add_argument("--no-limits", action="store_true",
@@ -219,8 +221,11 @@ def session(models: list[BenchModel], args: argparse.Namespace, *, n_threads: in
     logs.mkdir(parents=True, exist_ok=True)
     measures: list[api_session.Measure] = []
     absent: dict[str, str] = {}
+    wanted = {m for m in args.session_models.split(",") if m}
     for model in models:
         if model.swa_full:  # a setting of Arbor's context, not a model: not a server's
+            continue
+        if wanted and model.name not in wanted:
             continue
         got, missing = api_session.measure([(model.title, model.path)], servers, plan,
                                            n_threads=n_threads, work=logs)
