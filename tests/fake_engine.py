@@ -38,6 +38,7 @@ from engine.core.results import (
     Source,
     Stopped,
 )
+from engine.models.fit import GpuMemory
 from engine.service.protocol import (
     AdoptCheckpoints,
     CheckpointUsage,
@@ -97,6 +98,8 @@ class Script:
     # The next reply waits for a stop after its first piece (a test acts while it streams);
     # it clears this, so the reply after it runs through.
     hold: bool = False
+    # The GPUs' memory a load reports (`ModelLoaded.gpu`); None: a machine without a GPU.
+    gpu: GpuMemory | None = None
     # Every request, in the order handled (read on the GUI thread once answered).
     requests: list[Request] = field(default_factory=list)
 
@@ -155,7 +158,7 @@ class FakeEngineService:
         self._emit(ModelLoaded(
             name=Path(request.path).stem, path=request.path, architecture="fake",
             memory_kind="dense", backend="CPU", n_ctx=request.settings.n_ctx, notices=(),
-            template="the fake engine's template", template_name="fake"))
+            template="the fake engine's template", template_name="fake", gpu=self.script.gpu))
         self._emit_usage()
 
     def _configure(self, settings: Settings) -> None:

@@ -11,6 +11,7 @@ import pytest
 from engine.config.settings import Settings
 from engine.core.results import ReplyResult, Stopped
 from engine.core.tree import Role
+from engine.llm.llama import gpu_devices
 from engine.service.control import ThreadControl
 from engine.service.handler import EngineService
 from engine.service.protocol import (
@@ -19,6 +20,7 @@ from engine.service.protocol import (
     ForgetRequest,
     GenerateRequest,
     LoadRequest,
+    ModelLoaded,
     NodeView,
     Piece,
     Request,
@@ -78,6 +80,9 @@ def test_the_fake_engine_answers_in_the_real_engines_shape(
     fake = _run(lambda emit, control: FakeEngineService(emit, control, Script()), model,
                 stopped)
     assert _shape(fake) == _shape(real), (_shape(fake), _shape(real))
+    # The GPUs' memory with the model loaded: none on this project's machines.
+    [loaded] = [e for e in real if isinstance(e, ModelLoaded)]
+    assert (loaded.gpu is None) == (not gpu_devices())
     outcomes = [e.outcome for e in fake if isinstance(e, Finished)]
     assert len(outcomes) == 1
     if stopped:  # stopped before a word: nothing said

@@ -6,8 +6,10 @@ which needs no network. A repository shows its GGUF models one row per quantizat
 size, and, once the header of one of them has been read over HTTP ranges (a few hundred KiB,
 no weights), the architecture, trained context, chat template and memory kind, and for every
 row whether it fits this machine at the context size in Settings with the checkpoint budget:
-the header gives the cache's shape, the file size the weights. An unreachable hub is one line
-above the list; nothing else changes.
+the header gives the cache's shape, the file size the weights. With a GPU, its memory as the
+engine process measured it (the window's process never loads llama.cpp; `free_vram`) takes
+the model first and the rest spills to RAM. An unreachable hub is one line above the list;
+nothing else changes.
 
 Downloads are the session's (app.state.hub_jobs.Downloads, owned by the window): they go on
 when the dialog is closed, and `DownloadsView` lists them with their progress, Cancel and
@@ -61,10 +63,35 @@ def gib(n: int | None) -> str:
     return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
 
 
+def on_gpu(fit: Fit) -> int:
+    """What of the model the GPU would hold (the rest spills to RAM)."""
+    return min(fit.need.on_device, fit.free_vram or 0)
+
+
 def fit_text(fit: Fit) -> str:
+    where = ""
+    if fit.verdict is not Verdict.DOES_NOT_FIT and on_gpu(fit):
+        where = " on the GPU" if fit.all_on_gpu else " on the GPU and in RAM"
     if fit.verdict is Verdict.SMALLER_CONTEXT:
-        return f"fits with a smaller context ({fit.n_ctx:,})"
-    return fit.verdict.value
+        return f"fits{where} with a smaller context ({fit.n_ctx:,})"
+    return fit.verdict.value + where
+
+
+def fit_tooltip(fit: Fit, free_ram: int, gpu_note: str = "") -> str:
+    need = fit.need
+    text = (f"At a context of {fit.n_ctx:,} tokens it needs {gib(need.total)}: weights "
+            f"{gib(need.weights)}, cache {gib(need.cache)}, buffers {gib(need.compute)}, "
+            f"checkpoints {gib(need.checkpoints)} (in RAM). ")
+    if fit.free_vram is not None:
+        gpu = on_gpu(fit)
+        text += (f"The GPU can take {gib(fit.free_vram)} (its free memory with the loaded "
+                 f"model's share, less the margin llama.cpp keeps): {gib(gpu)} would be on it "
+                 f"and {gib(need.on_device - gpu)} would spill to RAM. ")
+    return text + f"{gib(free_ram)} of RAM is free.{gpu_note}"
+
+
+def no_gpu() -> int | None:
+    return None
 
 
 def checkpoint_budget(settings: Settings) -> int:
@@ -89,12 +116,14 @@ class DiscoverPanel(QWidget):
     def __init__(self, jobs: HubJobs, downloads: Downloads, settings: Settings,
                  parent: QWidget | None = None, *,
                  free_ram: Callable[[], int] = available_ram,
+                 free_vram: Callable[[], int | None] = no_gpu,
                  recommended: list[Recommended] | None = None) -> None:
         super().__init__(parent)
         self.jobs = jobs
         self.downloads = downloads
         self.settings = settings
         self._free_ram = free_ram
+        self._free_vram = free_vram  # what a model may take on the GPUs; None: no GPU
         self.recommended = recommended if recommended is not None else load_recommended()
         self._wanted: dict[Call, int] = {}  # the request whose answer is still wanted
         self.shown: Shown | None = None
@@ -277,6 +306,9 @@ class DiscoverPanel(QWidget):
         summary = header.summary
         budget = checkpoint_budget(self.settings)
         free = self._free_ram()
+        vram, gpu_note = self._free_vram(), ""
+        if vram is not None and self.settings.n_gpu_layers == 0:
+            vram, gpu_note = None, " (GPU layers are 0 in Settings: the GPU is not counted.)"
         for row, group in enumerate(self.shown.details.groups):
             template = "the model's own" if summary.chat_template else "none (built-in)"
             facts = (summary.architecture,
@@ -288,15 +320,12 @@ class DiscoverPanel(QWidget):
                 self._set(row, 2, "size unknown")
                 continue
             fit = fit_of(header, group.size, self.settings.n_ctx, free_ram=free,
-                         checkpoint_budget=budget, type_k=self.settings.type_k,
-                         type_v=self.settings.type_v,
+                         checkpoint_budget=budget, free_vram=vram,
+                         type_k=self.settings.type_k, type_v=self.settings.type_v,
                          flash_attn=self.settings.flash_attn is FlashAttention.ON)
             cell = self._set(row, 2, fit_text(fit))
-            cell.setToolTip(
-                f"At a context of {fit.n_ctx:,} tokens it needs {gib(fit.need.total)}: weights "
-                f"{gib(fit.need.weights)}, cache {gib(fit.need.cache)}, buffers "
-                f"{gib(fit.need.compute)}, checkpoints {gib(fit.need.checkpoints)}; "
-                f"{gib(free)} is free. (Read from its header: {header.bytes_read:,} bytes.)")
+            cell.setToolTip(fit_tooltip(fit, free, gpu_note) +
+                            f" (Read from its header: {header.bytes_read:,} bytes.)")
 
     def _set(self, row: int, column: int, text: str) -> QTableWidgetItem:
         item = QTableWidgetItem(text)

@@ -44,7 +44,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from app.dialogs.discover import DiscoverPanel
+from app.dialogs.discover import DiscoverPanel, no_gpu
 from app.look.model_names import display_name
 from app.state.hub_jobs import Downloads, HubJobs
 from engine.config.settings import Settings
@@ -205,7 +205,9 @@ class ModelPicker(QDialog):
     def __init__(self, loaded: str | None = None, parent: QWidget | None = None,
                  paths: Sequence[Path] | None = None, *, settings: Settings | None = None,
                  builtin: Sequence[str] | None = None, jobs: HubJobs | None = None,
-                 downloads: Downloads | None = None) -> None:
+                 downloads: Downloads | None = None,
+                 free_vram: Callable[[], int | None] = no_gpu) -> None:
+        """`free_vram`: what a model may take on the GPUs, as the engine measured (Discover)."""
         super().__init__(parent)
         self.setWindowTitle("Models")
         self.resize(1060, 400)
@@ -274,7 +276,7 @@ class ModelPicker(QDialog):
         self.discover: DiscoverPanel | None = None
         if jobs is not None and downloads is not None:
             self.resize(1060, 640)
-            self.discover = DiscoverPanel(jobs, downloads, settings)
+            self.discover = DiscoverPanel(jobs, downloads, settings, free_vram=free_vram)
             self.tabs.addTab(self.discover, "Discover")
             downloads.model_downloaded.connect(self._on_downloaded)
             self.finished.connect(self.discover.cancel_pending)

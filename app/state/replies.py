@@ -29,6 +29,7 @@ from engine.core.overflow import Overflow
 from engine.core.reasoning import is_opened
 from engine.core.results import NodeView, Outcome, ReplyReport, ReplyResult, Stopped
 from engine.core.tree import Node
+from engine.models.fit import GpuMemory
 from engine.service.lifetime import ReplyRun
 from engine.service.protocol import (
     CheckpointUsage,
@@ -131,6 +132,7 @@ class Replies(QObject):
         self.model: ModelLoaded | None = None
         self.builtin_templates: tuple[str, ...] = ()  # chat templates llama.cpp knows by name
         self.engine_pid: int | None = None  # the engine process, when it runs in one
+        self.gpu: GpuMemory | None = None  # the GPUs' memory as the engine last said; None: none
         self._model_path: str | None = None  # the model asked for last (reloaded after a crash)
         self._deaths = 0  # engine deaths since a model last loaded
         self.usage: CheckpointUsage | None = None
@@ -171,6 +173,11 @@ class Replies(QObject):
     def model_path(self) -> str | None:
         """The model loaded (or being loaded) last."""
         return self._model_path
+
+    def free_vram(self) -> int | None:
+        """What a model loaded in place of the current one may take on the GPUs, as the engine
+        last measured (Discover's fit); None without a GPU, or before the engine said."""
+        return self.gpu.for_a_model if self.gpu is not None else None
 
     def refuse(self) -> bool:
         """True (and the user is told why) when a reply cannot start now."""
@@ -263,10 +270,12 @@ class Replies(QObject):
             case EngineStarted():
                 self.engine_pid = event.pid
                 self.builtin_templates = event.builtin_templates
+                self.gpu = event.gpu
             case EngineDied():
                 self._on_engine_died(event)
             case ModelLoaded():
                 self.model = event
+                self.gpu = event.gpu
                 self._deaths = 0
                 self._warmed_path = None  # a new context holds nothing
                 self.model_changed.emit()

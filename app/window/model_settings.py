@@ -56,15 +56,21 @@ class ModelSettings(QObject):
         if path:
             self.load_model(path)
 
-    @Slot()
-    def pick_model(self, discover: bool = False) -> None:
-        """The picker; `discover`: open on its Discover tab."""
+    def picker(self, discover: bool = False) -> ModelPicker:
+        """The picker, with what the engine knows (the chat templates it names, the GPUs'
+        memory for Discover's fit); `discover`: on its Discover tab."""
         loaded = self.replies.model.path if self.replies.model is not None else None
         picker = ModelPicker(loaded, self.window, settings=self.settings,
                              builtin=self.replies.builtin_templates, jobs=self.jobs,
-                             downloads=self.downloads)
+                             downloads=self.downloads, free_vram=self.replies.free_vram)
         if discover and picker.discover is not None:
             picker.tabs.setCurrentWidget(picker.discover)
+        return picker
+
+    @Slot()
+    def pick_model(self, discover: bool = False) -> None:
+        """The picker; `discover`: open on its Discover tab."""
+        picker = self.picker(discover)
         if picker.exec() == ModelPicker.DialogCode.Accepted:
             chosen = picker.chosen()
             if chosen is not None:

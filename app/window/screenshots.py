@@ -234,7 +234,6 @@ def stage_downloads(downloads: Downloads) -> None:
 def discover_picker(window: MainWindow) -> ModelPicker:
     """The picker on its Discover tab: the recommended list, and the bundled model's
     repository with its header and fit."""
-    from app.dialogs.model_picker import ModelPicker
     from engine.models.files import default_model_path, summarize_header, wanted_header_key
     from engine.models.gguf_header import read_gguf_header
     from engine.models.hub import RepoDetails
@@ -245,12 +244,9 @@ def discover_picker(window: MainWindow) -> ModelPicker:
     fields = read_gguf_header(path, wanted_header_key)
     size = path.stat().st_size
     repo = "HuggingFaceTB/SmolLM2-135M-Instruct-GGUF"
-    picker = ModelPicker(None, window, settings=window.settings,
-                         builtin=window.replies.builtin_templates, jobs=window.hub_jobs,
-                         downloads=window.downloads)
+    picker = window.models.picker(discover=True)
     panel = picker.discover
     assert panel is not None
-    picker.tabs.setCurrentWidget(panel)
     panel.table.blockSignals(True)  # no request: the header is the local file's
     panel._show_details(RepoDetails(repo, "main", "apache-2.0", False, False,
                                     tuple(group_files([RepoFile(path.name, size, None)]))))

@@ -29,6 +29,7 @@ from engine.core.memory import MemoryKind
 from engine.llm import backends, rpc
 from engine.llm.cpu import physical_cores
 from engine.models.files import read_model_info
+from engine.models.fit import GpuMemory
 
 log = logging.getLogger(__name__)
 native_log = logging.getLogger("llama.cpp")
@@ -423,6 +424,21 @@ _FIT_SYMBOL = ("_Z17common_fit_paramsPKcP18llama_model_paramsP20llama_context_pa
                "llama_model_tensor_buft_overridePmjPK22common_fit_extra_model14ggml_log_level")
 FIT_MARGIN_BYTES = 1 << 30  # llama-server's default margin per device (--fit-target 1024 MiB)
 _GGML_LOG_LEVEL_ERROR = 4
+
+
+def gpu_memory() -> GpuMemory | None:
+    """The free and total memory of this machine's GPUs, summed over `gpu_devices()`, with the
+    margin llama.cpp's fit keeps free on each; None without a GPU."""
+    devices = gpu_devices()
+    if not devices:
+        return None
+    ggml = backends.ggml()
+    free = total = 0
+    for dev in devices:
+        dev_free, dev_total = ctypes.c_size_t(0), ctypes.c_size_t(0)
+        ggml.ggml_backend_dev_memory(dev, ctypes.byref(dev_free), ctypes.byref(dev_total))
+        free, total = free + dev_free.value, total + dev_total.value
+    return GpuMemory(free, total, margin=FIT_MARGIN_BYTES * len(devices))
 
 
 class _BuftOverride(ctypes.Structure):

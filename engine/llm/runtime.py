@@ -15,7 +15,7 @@ import codecs
 import logging
 import time
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -37,9 +37,10 @@ from engine.core.results import (
     TokenFn,
 )
 from engine.core.schedule import CPU_GRID, GPU_GRID, Schedule, decode_schedule
-from engine.llm.llama import LlamaContext, LlamaModel, Sampler, SamplingParams
+from engine.llm.llama import LlamaContext, LlamaModel, Sampler, SamplingParams, gpu_memory
 from engine.llm.placement import place
 from engine.models.files import file_sha256
+from engine.models.fit import GpuMemory
 from engine.storage.checkpoints import Checkpoint, Identity
 
 log = logging.getLogger(__name__)
@@ -94,6 +95,7 @@ class Runtime:
         fit = placed.fit_layers() if placed.fitting else None
         n_gpu_layers = self.gpu_layers = fit.n_gpu_layers if fit is not None else \
             placed.n_gpu_layers
+        before = gpu_memory() if gpu is not None else None
         try:
             self.model = LlamaModel(
                 model_path, n_gpu_layers=n_gpu_layers, rpc_workers=workers,
@@ -113,6 +115,11 @@ class Runtime:
         except BaseException:
             self._guard.disarm()
             raise
+        # What this model holds on the GPUs: its weights, cache and the buffers the canary's
+        # decodes allocated (another model still loaded holds the same before and after).
+        after = gpu_memory() if before is not None else None
+        self.gpu_held = (max(0, before.free - after.free)
+                         if before is not None and after is not None else 0)
         params = self.ctx.params
         self.memory_kind = self.model.memory_kind()
         self.n_swa = self.model.n_swa
@@ -158,6 +165,11 @@ class Runtime:
         self.ctx.decode(tokens, 0)
         self.ctx.decode(tokens[:1], n)
         self.ctx.clear()
+
+    def gpu_memory(self) -> GpuMemory | None:
+        """The GPUs' memory now, with what this model holds there (None without a GPU)."""
+        now = gpu_memory()
+        return replace(now, held=self.gpu_held) if now is not None else None
 
     def report(self) -> dict[str, Any]:
         """The model and context, for reports (the replay report's `model`)."""

@@ -13,6 +13,10 @@ The need is the sum of what llama.cpp allocates for it plus what Arbor keeps bes
   (`head_count * n_ctx * n_ubatch` floats);
 * the checkpoint budget: the RAM Arbor may fill with checkpoints (Settings).
 
+With a GPU (`GpuMemory`, which the engine process measures: the window's never loads
+llama.cpp), the weights, cache and buffers go to its memory first and what does not fit there
+stays in RAM beside the checkpoints.
+
 Every term comes from the header; when a key is missing the estimate takes the larger
 reading (every layer full attention, a large vocabulary), so "fits" is not said lightly.
 """
@@ -80,6 +84,23 @@ class MemoryNeed:
     def on_device(self) -> int:
         """What a GPU would hold with every layer on it (checkpoints stay in RAM)."""
         return self.weights + self.cache + self.compute
+
+
+@dataclass(frozen=True)
+class GpuMemory:
+    """This machine's GPUs' memory as the engine process measures it, summed over them (an RPC
+    worker's devices are not counted)."""
+
+    free: int  # free now
+    total: int
+    margin: int = 0  # what llama.cpp's fit leaves free: a margin on every GPU
+    held: int = 0  # what the loaded model holds on them (0 when none is loaded)
+
+    @property
+    def for_a_model(self) -> int:
+        """What a model loaded in place of the current one may take: the free memory and the
+        current model's share, less the margin."""
+        return max(0, self.free + self.held - self.margin)
 
 
 @dataclass(frozen=True)

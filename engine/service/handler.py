@@ -180,6 +180,7 @@ class EngineService:
             template=generator.template.describe(),
             template_name=generator.template.name,
             details=tuple(runtime.report().items()),
+            gpu=runtime.gpu_memory(),  # measured with the previous model freed
         ))
         self._emit_usage()
 

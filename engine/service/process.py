@@ -288,7 +288,7 @@ def child_main(conn: Connection, log_level: int, log_file: str | None = None) ->
     # First, so that importing llama.cpp below is heard as alive.
     threading.Thread(target=_beat, args=(emit, closing), name="arbor-engine-heartbeat",
                      daemon=True).start()
-    from engine.llm.llama import builtin_template_names
+    from engine.llm.llama import builtin_template_names, gpu_memory
     from engine.service.handler import EngineService
     from engine.service.protocol import EngineStarted
 
@@ -297,7 +297,7 @@ def child_main(conn: Connection, log_level: int, log_file: str | None = None) ->
     threading.Thread(target=_read, args=(conn, control, requests, closing),
                      name="arbor-engine-reader", daemon=True).start()
     service = EngineService(emit, control)
-    emit(EngineStarted(os.getpid(), tuple(builtin_template_names())))
+    emit(EngineStarted(os.getpid(), tuple(builtin_template_names()), gpu_memory()))
     while (request := requests.get()) is not None and not closing.is_set():
         service.handle(request)
     service.close()

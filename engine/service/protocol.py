@@ -28,6 +28,7 @@ from engine.config.settings import Settings
 from engine.core.overflow import Overflow
 from engine.core.records import ConversationRecord
 from engine.core.results import NodeView, Outcome, ReplyReport, Reuse
+from engine.models.fit import GpuMemory
 from engine.storage.checkpoints import Checkpoint, Identity
 
 # --- node identity ---------------------------------------------------------------------------
@@ -190,6 +191,7 @@ class EngineStarted:
 
     pid: int
     builtin_templates: tuple[str, ...]  # the chat templates llama.cpp knows by name
+    gpu: GpuMemory | None = None  # this machine's GPUs' memory, as it starts; None: no GPU
 
 
 # The engine process's exit status when a message from the front end cannot be read (a
@@ -254,6 +256,7 @@ class ModelLoaded:
     template: str = ""  # which chat template renders new messages, in words
     template_name: str = ""  # its name
     details: tuple[tuple[str, object], ...] = ()  # Runtime.report(): the replay report's model
+    gpu: GpuMemory | None = None  # the GPUs' memory with this model loaded; None: no GPU
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,8 @@ import hashlib
 import logging
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import replace
 from pathlib import Path
 
 import keyring
@@ -20,18 +21,29 @@ import pytest
 from PySide6.QtCore import Qt
 from pytestqt.qtbot import QtBot
 
-from app.dialogs.discover import RECOMMENDED_NOTE, DiscoverPanel, DownloadsView
+from app.dialogs.discover import (
+    RECOMMENDED_NOTE,
+    DiscoverPanel,
+    DownloadsView,
+    checkpoint_budget,
+    gib,
+    no_gpu,
+)
 from app.dialogs.hub_token import TokenBox
 from app.dialogs.model_picker import Column, ModelPicker
 from app.state.hub_jobs import Call, Downloads, HubJobs, HubResult, RowState, default_hub
+from app.window.main_window import MainWindow
 from engine.config.settings import Settings
 from engine.files.paths import data_dirs
 from engine.models.credentials import load_token
 from engine.models.download import Downloader, Progress, list_partial
-from engine.models.hub import HubClient
+from engine.models.fit import GpuMemory, MemoryNeed
+from engine.models.hub import HubClient, fit_of
 from engine.models.recommended import load_recommended
 from engine.models.remote import Hub, HubCancelledError
+from tests.app_fixtures import TIMEOUT
 from tests.engine.models.fake_hub import TOKEN, FakeHub, FakeHubServer
+from tests.fake_engine import Script
 
 WAIT = 60_000  # a hang guard
 REPO = "arbor-test/tiny-GGUF"
@@ -73,9 +85,11 @@ def hub_parts(qtbot: QtBot) -> Iterator[tuple[HubJobs, Downloads]]:
     downloads.close()
 
 
-def panel(qtbot: QtBot, jobs: HubJobs, downloads: Downloads,
-          free_ram: int = PLENTY) -> DiscoverPanel:
-    made = DiscoverPanel(jobs, downloads, SETTINGS, free_ram=lambda: free_ram)
+def panel(qtbot: QtBot, jobs: HubJobs, downloads: Downloads, free_ram: int = PLENTY,
+          free_vram: Callable[[], int | None] = no_gpu,
+          settings: Settings = SETTINGS) -> DiscoverPanel:
+    made = DiscoverPanel(jobs, downloads, settings, free_ram=lambda: free_ram,
+                         free_vram=free_vram)
     qtbot.addWidget(made)
     return made
 
@@ -128,6 +142,71 @@ def test_search_lists_gguf_repos_and_a_pick_shows_each_quant_with_its_fit(
     tight = panel(qtbot, jobs, downloads, free_ram=1 << 20)
     open_repo(qtbot, tight, REPO, "F32")
     assert tight.fit_label(0) == "does not fit"
+
+
+def report_gpu(qtbot: QtBot, win: MainWindow, script: Script, usable: int) -> None:
+    """The fake engine loads the model again and reports a GPU on which a model may take
+    `usable` bytes: 1 GiB more free, less the margin llama.cpp keeps."""
+    script.gpu = GpuMemory(free=usable + (1 << 30), total=usable + (4 << 30), margin=1 << 30)
+    model = win.replies.model_path
+    assert model is not None
+    with qtbot.waitSignal(win.model_ready, timeout=TIMEOUT):
+        win.models.load_model(model)
+
+
+def test_with_a_gpu_reported_by_the_engine_the_fit_puts_layers_on_it_first(
+        qtbot: QtBot, fake_hub: FakeHub, hub_parts: tuple[HubJobs, Downloads],
+        fake_window: MainWindow, fake_engine: Script) -> None:
+    """The window's process never loads llama.cpp: the GPU's memory comes from the engine (the
+    fake one here, over the real protocol), and Discover's verdict follows it."""
+    jobs, downloads = hub_parts
+    win = fake_window
+    assert win.replies.free_vram() is None  # the fake engine's machine has no GPU yet
+    sizing = panel(qtbot, jobs, downloads)
+    open_repo(qtbot, sizing, REPO, "F32")
+    shown, group = sizing.shown, sizing.selected_group()
+    assert shown is not None and shown.header is not None
+    assert group is not None and group.size is not None
+    need: MemoryNeed = fit_of(shown.header, group.size, SETTINGS.n_ctx, free_ram=PLENTY,
+                              checkpoint_budget=checkpoint_budget(SETTINGS)).need
+    row = shown.details.groups.index(group)
+
+    def verdict(free_ram: int, settings: Settings = SETTINGS) -> tuple[str, str]:
+        view = panel(qtbot, jobs, downloads, free_ram, win.replies.free_vram, settings)
+        open_repo(qtbot, view, REPO, "F32")
+        cell = view.table.item(row, 2)
+        return cell.text(), cell.toolTip()
+
+    # RAM for the checkpoints and half the weights: no context fits in RAM alone...
+    ram = need.checkpoints + need.weights // 2
+    assert verdict(ram)[0] == "does not fit"
+    # ...all of it fits a GPU with that much room, the checkpoints staying in RAM...
+    report_gpu(qtbot, win, fake_engine, need.on_device)
+    assert win.replies.free_vram() == need.on_device
+    label, tip = verdict(ram)
+    assert label == "fits on the GPU"
+    assert f"The GPU can take {gib(need.on_device)}" in tip and "0 MiB would spill" in tip
+    # ...part of it with half that room (the rest in RAM)...
+    report_gpu(qtbot, win, fake_engine, need.on_device // 2)
+    label, tip = verdict(need.checkpoints + need.on_device)
+    assert label == "fits on the GPU and in RAM"
+    spill = need.on_device - need.on_device // 2
+    assert f"{gib(spill)} would spill to RAM" in tip
+    # ...and a model that needs more than the GPU and RAM together does not fit.
+    report_gpu(qtbot, win, fake_engine, need.weights // 4)
+    assert verdict(need.checkpoints + need.weights // 4)[0] == "does not fit"
+    # With GPU layers at 0 in Settings the GPU takes nothing: RAM alone decides.
+    report_gpu(qtbot, win, fake_engine, need.on_device)
+    label, tip = verdict(ram, replace(SETTINGS, n_gpu_layers=0))
+    assert label == "does not fit" and "the GPU is not counted" in tip
+    # The window's own picker gives Discover the engine's figure.
+    picker = win.models.picker(discover=True)
+    qtbot.addWidget(picker)
+    assert picker.discover is not None and picker.tabs.currentWidget() is picker.discover
+    open_repo(qtbot, picker.discover, REPO, "F32")
+    assert picker.discover.fit_label(row).startswith("fits on the GPU")
+    assert f"The GPU can take {gib(need.on_device)}" in picker.discover.table.item(
+        row, 2).toolTip()
 
 
 def test_offline_search_says_so_on_one_line_and_keeps_the_recommended_list(

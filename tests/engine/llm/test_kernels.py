@@ -28,12 +28,18 @@ from engine.core.tree import NodeStatus, Role
 from engine.files.paths import data_dirs
 from engine.llm.backends import Backends, choose_cpu_variant, cpu_variants, library_dir
 from engine.llm.cpu import cpu_flags
-from engine.llm.llama import fit_gpu_layers, gpu_devices, native_backends
+from engine.llm.llama import (
+    FIT_MARGIN_BYTES,
+    fit_gpu_layers,
+    gpu_devices,
+    gpu_memory,
+    native_backends,
+)
 from engine.llm.repack import CRASHED, KNOWN_BAD, RepackGuard, note_exit
 from engine.llm.runtime import Runtime
 from engine.service.client import ProcessClient
 from engine.service.process import EngineProcess
-from engine.service.protocol import Crash, CrashKind
+from engine.service.protocol import Crash, CrashKind, EngineStarted
 from tests import engine_faults
 from tests.app_fixtures import TIMEOUT, destroy, open_window, send, warnings_shown
 
@@ -265,6 +271,26 @@ def test_all_that_fit_is_the_default_and_runs_on_the_cpu_without_a_word_here(
                                  and runtime.notices == [])
     finally:
         runtime.close()
+
+
+def test_the_gpus_memory_is_measured_in_the_engine_process_and_none_without_a_gpu() -> None:
+    """`gpu_memory` sums this machine's GPUs; the engine process sends it first, for the
+    window's Discover (this project's machines have no GPU: None, from both)."""
+    devices = gpu_devices()
+    memory = gpu_memory()
+    if devices:
+        assert memory is not None and 0 < memory.free <= memory.total
+        assert memory.margin == FIT_MARGIN_BYTES * len(devices)
+    else:
+        assert memory is None
+    process = EngineProcess()
+    try:
+        assert process.poll(TIMEOUT), "the engine did not start"
+        started = process.recv()
+        assert isinstance(started, EngineStarted)
+        assert (started.gpu is None) == (memory is None)
+    finally:
+        process.shutdown()
 
 
 def test_a_deeply_nested_record_file_is_no_record(smollm2_path: Path) -> None:
