@@ -26,7 +26,13 @@ from engine.core.templates import TemplateChoice, TemplateOrigin, choose_templat
 from engine.core.tree import Node, Role
 from engine.llm.llama import apply_builtin_template, builtin_template_names
 from engine.llm.runtime import Generation, PrepareReport, Runtime
-from engine.storage.checkpoints import Checkpoint, CheckpointStore, plan_saves
+from engine.storage.checkpoints import (
+    INNER_MOST,
+    Checkpoint,
+    CheckpointStore,
+    plan_inner,
+    plan_saves,
+)
 
 log = logging.getLogger(__name__)
 
@@ -291,11 +297,14 @@ class Generator:
         store.protect(node.id for node in path)
         candidates = store.candidates(target, schedule, scope=scope)
         saved = {checkpoint.n_tokens for checkpoint in candidates}
-        saves = [
-            n
-            for n in plan_saves(runtime.memory_kind, schedule, ends, self.checkpoint_interval)
-            if n not in saved  # a candidate of that length holds exactly that state
-        ]
+        kind = runtime.memory_kind
+        planned = plan_saves(kind, schedule, ends, self.checkpoint_interval)
+        room = _inner_room(store)
+        inner = set(plan_inner(kind, schedule, ends, runtime.grid,
+                               most=min(INNER_MOST, room))[-room:] if room else ())
+        inner -= set(planned)
+        # A candidate of that length holds exactly that state.
+        saves = [n for n in sorted({*planned, *inner}) if n not in saved]
 
         def keep(checkpoint: Checkpoint) -> None:
             # Attach it to the node holding its last token; the prompt's end (the reply's
@@ -303,7 +312,8 @@ class Generator:
             # scope: the runtime captured it from state prepared for the scope.
             index = bisect.bisect_left(ends, checkpoint.n_tokens)
             node = path[min(index, len(path) - 1)]
-            store.add(replace(checkpoint, node_id=node.id))
+            store.add(replace(checkpoint, node_id=node.id),
+                      inner=checkpoint.n_tokens in inner)
 
         prepared = runtime.prepare(
             target,
@@ -322,3 +332,13 @@ class Generator:
         if prepared.checkpoint_id is not None:
             store.mark_restored(prepared.checkpoint_id)
         return prepared
+
+
+def _inner_room(store: CheckpointStore) -> int:
+    """How many inner checkpoints (`plan_inner`) one prepare may take: as many as the RAM
+    the other checkpoints leave would hold at the size of the largest one kept (the estimate
+    of the next one's: a state stays the same size or grows with its position); with none
+    kept yet, INNER_MOST. Those of the last messages are kept (users edit recent ones). The
+    store drops inner checkpoints over the budget whatever the estimate said."""
+    size = store.largest()
+    return INNER_MOST if size == 0 else store.inner_room() // size

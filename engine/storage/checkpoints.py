@@ -154,6 +154,48 @@ def plan_saves(
     return sorted(saves)
 
 
+# Inside a long message: a message of at least LONG_MESSAGE_STEPS grid steps gets checkpoints
+# on the grid, at most INNER_MOST of them (a longer message gets them every few grid steps).
+LONG_MESSAGE_STEPS = 4
+INNER_MOST = 16
+
+
+def plan_inner(
+    kind: MemoryKind,
+    schedule: Schedule,
+    node_ends: Sequence[int],
+    grid: int,
+    *,
+    most: int = INNER_MOST,
+) -> list[int]:
+    """Inner checkpoints: grid points inside long messages, for the kinds that cannot cut
+    their cache back (recurrent, hybrid, sliding window).
+
+    An edit in the middle of a long message shares every token before the change. A dense
+    cache is cut back to the grid point before it; the other kinds can only restore a saved
+    state, and without one inside the message they restart at its start. With these an edit
+    decodes at most a step plus the rest of the message. The step is the grid, or a
+    multiple of it so that one message gets at most `most` (the caller sizes `most` by the
+    memory it may use); a message shorter than LONG_MESSAGE_STEPS grid steps gets none, so a
+    normal message costs no capture more. Like `plan_saves`, the answer depends on the
+    schedule (and `most`) alone; the store keeps these in the room the other checkpoints
+    leave and evicts them first (`CheckpointStore.add`).
+    """
+    if kind is MemoryKind.DENSE or grid < 1 or most < 1:
+        return []
+    ends = set(schedule.ends)
+    bounds = sorted({0, *(n for n in node_ends if 0 < n < schedule.length), schedule.length})
+    out: list[int] = []
+    for start, stop in itertools.pairwise(bounds):
+        span = stop - start
+        if span < LONG_MESSAGE_STEPS * grid:
+            continue
+        step = grid * max(1, -(-span // (grid * most)))
+        first = (start // step + 1) * step
+        out.extend(p for p in range(first, stop, step) if p in ends)
+    return out
+
+
 # --- the store -----------------------------------------------------------------------------
 
 
@@ -186,6 +228,8 @@ class _Entry:
     last_used: float
     path: Path | None = None  # on disk when set
     in_ram: bool = True
+    # Inside a message (`plan_inner`): evicted before any other, and dropped, never spilled.
+    inner: bool = False
 
 
 class CheckpointStore:
@@ -240,6 +284,20 @@ class CheckpointStore:
                 out[node] = "ram" if entry.in_ram else "disk"
         return out
 
+    def inner(self) -> list[Checkpoint]:
+        """The checkpoints inside messages (`plan_inner`)."""
+        return [e.checkpoint for e in self._entries.values() if e.inner]
+
+    def inner_room(self) -> int:
+        """Bytes of the RAM budget that the checkpoints other than inner ones leave free."""
+        used = sum(e.checkpoint.size for e in self._entries.values() if e.in_ram and not e.inner)
+        return max(0, self.ram_budget - used)
+
+    def largest(self) -> int:
+        """The size of the largest checkpoint in RAM (0 when none): what the next one of
+        this context may cost, to size the inner checkpoints by."""
+        return max((e.checkpoint.size for e in self._entries.values() if e.in_ram), default=0)
+
     def stats(self) -> StoreStats:
         ram = [e for e in self._entries.values() if e.in_ram]
         disk = [e for e in self._entries.values() if e.path is not None]
@@ -258,9 +316,13 @@ class CheckpointStore:
 
     # --- changes ---------------------------------------------------------------------
 
-    def add(self, checkpoint: Checkpoint) -> None:
+    def add(self, checkpoint: Checkpoint, *, inner: bool = False) -> None:
         """Keep a new checkpoint in RAM. The budget is enforced later, by `enforce_budget`,
-        so that creation costs no more than the copy already made."""
+        so that creation costs no more than the copy already made.
+
+        An `inner` one (`plan_inner`) is kept only in the room the others leave: inner
+        checkpoints over the budget are dropped at once, the least valuable first (they
+        come many to a message, and dropping costs nothing)."""
         if not valid_bounds(checkpoint.bounds, checkpoint.n_tokens):
             raise ValueError("a checkpoint without its chunk ends can never be restored")
         for entry in self._entries.values():
@@ -269,9 +331,12 @@ class CheckpointStore:
                 checkpoint.tokens, checkpoint.bounds, checkpoint.scope
             ):
                 entry.last_used = time.monotonic()
+                entry.inner = entry.inner and inner  # a message end there too: keep it so
                 return  # the same state is already kept
-        self._entries[checkpoint.id] = _Entry(checkpoint, time.monotonic())
+        self._entries[checkpoint.id] = _Entry(checkpoint, time.monotonic(), inner=inner)
         self.created += 1
+        if inner:
+            self._trim_inner()
 
     def fetch(self, checkpoint: Checkpoint) -> Checkpoint | None:
         """The checkpoint with its blob, read and verified from disk if needed."""
@@ -361,12 +426,25 @@ class CheckpointStore:
             raise ValueError("a disk tier needs the installation key to sign its files")
         return disk_dir / self.identity.key()
 
-    def _value(self, entry: _Entry) -> tuple[bool, float, int]:
-        return (entry.checkpoint.node_id in self._protected, entry.last_used,
+    def _value(self, entry: _Entry) -> tuple[bool, bool, float, int]:
+        return (not entry.inner, entry.checkpoint.node_id in self._protected, entry.last_used,
                 entry.checkpoint.n_tokens)
+
+    def _trim_inner(self) -> None:
+        """Drop inner checkpoints, the least valuable first, while RAM is over the budget."""
+        ram = [e for e in self._entries.values() if e.in_ram]
+        used = sum(e.checkpoint.size for e in ram)
+        for entry in sorted((e for e in ram if e.inner), key=self._value):
+            if used <= self.ram_budget:
+                break
+            used -= entry.checkpoint.size
+            self.drop(entry.checkpoint.id)
 
     def _evict(self, entry: _Entry) -> None:
         checkpoint = entry.checkpoint
+        if entry.inner:  # many, and cheap to lose: never worth a disk write
+            del self._entries[checkpoint.id]
+            return
         if self._disk is not None and entry.path is None:
             try:
                 entry.path = self._write_file(checkpoint)

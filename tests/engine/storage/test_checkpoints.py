@@ -7,6 +7,7 @@ project grew from, one test each.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import struct
@@ -27,7 +28,15 @@ from engine.llm.generator import Generator
 from engine.llm.llama import SamplingParams
 from engine.llm.runtime import Runtime, Source
 from engine.service.session import GenerationOptions, Session
-from engine.storage.checkpoints import Checkpoint, CheckpointStore, Identity, file_head, plan_saves
+from engine.storage.checkpoints import (
+    INNER_MOST,
+    Checkpoint,
+    CheckpointStore,
+    Identity,
+    file_head,
+    plan_inner,
+    plan_saves,
+)
 from tests.conftest import ALL_KINDS, RuntimeFactory
 from tests.helpers import fresh_logits, random_tokens
 
@@ -111,6 +120,37 @@ def test_a_recurrent_state_is_saved_more_often_inside_long_messages() -> None:
     hybrid = decode_schedule(1535, n_batch=512, marks=node_ends)
     assert plan_saves(MemoryKind.HYBRID, hybrid, node_ends, 2048) == [20, 1020, 1530, 1535]
     assert plan_saves(MemoryKind.RECURRENT, recurrent, node_ends, 0) == [20, 1020, 1530, 1535]
+
+
+
+@pytest.mark.parametrize("kind", ALL_KINDS, ids=lambda k: k.value)
+def test_inner_checkpoints_sit_on_the_grid_inside_long_messages(kind: MemoryKind) -> None:
+    """Where an edit inside a long message restarts: every grid point inside it, for the
+    kinds that cannot cut back; a dense cache is cut back there for free."""
+    node_ends = [20, 100, 700, 720]  # system, a short user message, a long one, its reply
+    schedule = decode_schedule(725, n_batch=512, grid=64, marks=node_ends)
+    inner = plan_inner(kind, schedule, node_ends, 64)
+    if kind is MemoryKind.DENSE:
+        assert inner == []
+    else:
+        # None in the 80-token message (shorter than 4 grid steps), nor in the reply.
+        assert inner == [128, 192, 256, 320, 384, 448, 512, 576, 640]
+        assert set(inner) <= set(schedule.ends)
+
+
+def test_a_very_long_message_gets_a_bounded_number_of_inner_checkpoints() -> None:
+    """The step grows by whole grid steps: a message of L tokens gets at most `most`."""
+    node_ends = [10, 4010]
+    schedule = decode_schedule(4015, n_batch=512, grid=64, marks=node_ends)
+    inner = plan_inner(MemoryKind.HYBRID, schedule, node_ends, 64)
+    assert len(inner) == 15 <= INNER_MOST
+    assert {b - a for a, b in itertools.pairwise(inner)} == {256}  # 4 grid steps
+    assert inner[0] == 256 and inner[-1] == 3840
+    few = plan_inner(MemoryKind.RECURRENT, schedule, node_ends, 64, most=3)
+    assert few == [1344, 2688]  # 3 x 1,344 >= 4,000: a step of 21 grid steps
+    assert plan_inner(MemoryKind.RECURRENT, schedule, node_ends, 64, most=0) == []
+    # The prompt's tail after the last node is a stretch too (a long continued reply).
+    assert plan_inner(MemoryKind.SLIDING_WINDOW, schedule, [10], 64)[-1] == 3840
 
 
 # --- search and restore on every memory kind -------------------------------------------------
@@ -289,6 +329,101 @@ def test_a_generator_reuses_state_only_within_the_requests_scope(
     assert cold.generate(max_tokens=8, seed=3).text == text
 
 
+
+WORDS = "the river carries silt from the mountains to the delta where herons wait"
+LONG_TEXT = " ".join(f"{word}{i % 7}" for i, word in enumerate(WORDS.split(" ") * 20))
+
+
+def _edited_in_the_middle(text: str) -> str:
+    words = text.split(" ")
+    middle = len(words) // 2
+    return " ".join([*words[:middle], "(and mind the herons)", *words[middle:]])
+
+
+@pytest.mark.parametrize("kind", ALL_KINDS, ids=lambda k: k.value)
+def test_an_edit_inside_a_long_message_restarts_at_the_grid_point_before_it(
+    kind: MemoryKind, tiny_models: dict[str, Path], make_runtime: RuntimeFactory
+) -> None:
+    """The benchmark's edit in the middle of a long last message: every kind decodes at
+    most a grid step plus the rest of the prompt (the kinds that cannot cut back restore an
+    inner checkpoint), and the reply is a full reprocess's."""
+    runtime = make_runtime(tiny_models[kind.value], n_ctx=2048, n_batch=64)
+    grid = runtime.grid
+    store = CheckpointStore(runtime.identity())
+    generator = Generator(runtime, sampling=GREEDY, checkpoints=store)
+    tree = Tree("S")
+    first = tree.add_child(tree.root.id, Role.USER, "Hello.")
+    tree.add_child(first.id, Role.ASSISTANT, "Hi.")
+    long = tree.add_child(tree.active_leaf, Role.USER, LONG_TEXT)
+    path = tree.path_to(long.id)
+    generator.prepare(path)
+    generator.generate(max_tokens=8, seed=3)
+    generator.after_reply()
+    before = generator.prompts.target(path)
+    start = sum(len(node.tokens or ()) for node in path[:-1])
+    assert len(path[-1].tokens or ()) >= 8 * grid  # a long message
+    inner = sorted(c.n_tokens for c in store.inner())
+    if kind is MemoryKind.DENSE:
+        assert inner == []  # its cache is cut back instead
+    else:
+        assert inner and all(start < n < len(before) and n % grid == 0 for n in inner)
+
+    edited = tree.add_sibling(long.id, _edited_in_the_middle(LONG_TEXT))
+    edited_path = tree.path_to(edited.id)
+    report = generator.prepare(edited_path).report
+    logits = runtime.last_logits().copy()
+    text = generator.generate(max_tokens=8, seed=3).text
+    target = generator.prompts.target(edited_path)
+    change = next(i for i, (a, b) in enumerate(zip(before, target, strict=False)) if a != b)
+    assert start + grid < change  # the change is well inside the message
+    assert report.source is (Source.LIVE if kind is MemoryKind.DENSE else Source.CHECKPOINT)
+    assert report.reused_tokens > change - grid
+    assert report.decoded_tokens < grid + len(target) - change
+    # Exactly a full reprocess: the logits, and the reply of a context that saw nothing else.
+    assert np.array_equal(logits, fresh_logits(runtime, target,
+                                               generator.prompts.marks(edited_path)))
+    cold = Generator(make_runtime(tiny_models[kind.value], n_ctx=2048, n_batch=64),
+                     sampling=GREEDY, use_cache=False)
+    cold.prepare(edited_path)
+    assert cold.generate(max_tokens=8, seed=3).text == text
+
+
+def test_inner_checkpoints_take_only_the_room_the_others_leave(
+    tiny_models: dict[str, Path], make_runtime: RuntimeFactory
+) -> None:
+    """Under a small budget the checkpoints at message and prompt ends all stay in RAM and
+    the inner ones share what is left, the latest kept; with no room none is even taken."""
+    runtime = make_runtime(tiny_models["recurrent"], n_ctx=2048, n_batch=64)
+    tree = Tree("S")
+    long = tree.add_child(tree.root.id, Role.USER, LONG_TEXT)
+    path = tree.path_to(long.id)
+
+    def send(store: CheckpointStore) -> list[Checkpoint]:
+        runtime.clear()
+        generator = Generator(runtime, sampling=GREEDY, checkpoints=store)
+        generator.prepare(path)
+        generator.generate(max_tokens=4, seed=3)
+        generator.after_reply()
+        return sorted(store.all(), key=lambda c: c.n_tokens)
+
+    roomy = CheckpointStore(runtime.identity())
+    everything = send(roomy)
+    size = everything[0].size  # a recurrent state is the same size everywhere
+    assert {c.size for c in everything} == {size}
+    inner = sorted(c.n_tokens for c in roomy.inner())
+    ends = {c.n_tokens for c in everything} - set(inner)
+    assert len(inner) > 2
+    small = CheckpointStore(runtime.identity(), ram_budget=size * (len(ends) + 2))
+    kept = send(small)
+    assert {c.n_tokens for c in kept} == ends | set(inner[-2:])
+    assert small.stats().ram_count == len(kept)
+    # Full of message ends: the next prepare plans no inner checkpoint at all.
+    small.ram_budget = size * len(ends)
+    created = small.created
+    send(small)
+    assert small.created == created and {c.n_tokens for c in small.all()} == ends
+
+
 def test_the_smollm2_restore_is_bit_identical(
     smollm2_path: Path, make_runtime: RuntimeFactory
 ) -> None:
@@ -339,6 +474,39 @@ def test_without_a_disk_tier_eviction_drops(tmp_path: Path) -> None:
     store.protect([2])
     store.enforce_budget()
     assert [c.node_id for c in store.all()] == [2]
+
+
+
+def test_inner_checkpoints_are_evicted_first_and_never_spilled(tmp_path: Path) -> None:
+    """Under a small budget the checkpoints inside messages go before any message-end or
+    prompt-end one, even one off the active branch, and they are dropped, not written to
+    disk (they come many to a message)."""
+    store = CheckpointStore(_identity(), key=KEY, ram_budget=3000, disk_dir=tmp_path)
+    store.protect([1])
+    store.add(_fake([1, 2, 3], 1000, node=9))  # a prompt end off the active branch
+    store.add(_fake([1, 2], 1000, node=1))  # a message end on it
+    assert store.inner_room() == 1000 and store.largest() == 1000
+    store.add(_fake([1], 600, node=1), inner=True)
+    store.add(_fake([1, 5], 600, node=1), inner=True)  # over: the older inner one goes at once
+    assert sorted(c.n_tokens for c in store.all()) == [2, 2, 3]
+    assert store.stats().ram_bytes == 2600 and store.inner_room() == 1000
+    store.add(_fake([1, 2, 3, 4], 1000, node=1))  # a new prompt end: over the budget
+    store.enforce_budget()
+    stats = store.stats()
+    assert (stats.count, stats.ram_count, stats.disk_count) == (3, 3, 0)
+    assert {c.n_tokens for c in store.all()} == {2, 3, 4}  # the inner one went, not to disk
+    assert list(tmp_path.rglob("*.ckpt")) == []
+    store.ram_budget = 1000  # now message ends spill, the least valuable first
+    store.enforce_budget()
+    assert store.nodes_with_checkpoints() == {1: "ram", 9: "disk"}
+
+
+def test_a_state_kept_as_inner_and_as_a_message_end_is_a_message_end() -> None:
+    store = CheckpointStore(_identity(), ram_budget=1000)
+    store.add(_fake([1, 2], 800, node=1), inner=True)
+    store.add(_fake([1, 2], 800, node=1))  # the same state, now where a message ends
+    store.add(_fake([1, 3], 800, node=1), inner=True)
+    assert [c.tokens for c in store.all()] == [(1, 2)]  # only the inner one was dropped
 
 
 def test_deleting_nodes_frees_their_checkpoints(tmp_path: Path) -> None:
