@@ -367,6 +367,101 @@ def test_a_store_offers_each_scope_only_its_own_checkpoints() -> None:
     assert store.candidates(tokens, schedule, scope="api:c") == []
 
 
+def _logits(seed: int, n_vocab: int = 50) -> bytes:
+    return np.random.default_rng(seed).standard_normal(n_vocab).astype("<f4").tobytes()
+
+
+def test_a_target_that_ends_at_a_checkpoint_fits_it_only_with_its_logits() -> None:
+    tokens = (5, 6, 7)
+    schedule = decode_schedule(3, n_batch=64)
+    bare = Checkpoint(tokens=tokens, blob=b"s", bounds=(3,))
+    kept = Checkpoint(tokens=tokens, blob=b"s", bounds=(3,), logits=_logits(1))
+    assert not bare.fits(list(tokens), schedule) and kept.fits(list(tokens), schedule)
+    assert (bare.has_logits, kept.has_logits, kept.logits_size) == (False, True, 200)
+    assert kept.footprint == 1 + 200
+    spilled = replace(kept, blob=None, logits=None)  # as the store keeps one on disk
+    assert spilled.has_logits and spilled.fits(list(tokens), schedule)
+
+
+def test_the_budgets_count_the_logits(tmp_path: Path) -> None:
+    """Logits are n_vocab floats (1 MiB on Gemma 3's 262k vocabulary): a budget that holds
+    two blobs holds one blob with its logits."""
+    store = CheckpointStore(_identity(), key=KEY, ram_budget=2 * 1000, disk_dir=tmp_path)
+    store.add(Checkpoint(tokens=(1,), blob=bytearray(1000), bounds=(1,), node_id=1,
+                         logits=bytes(800)))
+    store.add(_fake([2], 1000, node=2))
+    store.protect([2])
+    assert store.stats().ram_bytes == 2800
+    store.enforce_budget()
+    stats = store.stats()
+    assert (stats.ram_count, stats.disk_count, stats.ram_bytes) == (1, 1, 1000)
+    assert stats.disk_bytes > 1800  # the file holds the logits too
+
+
+def test_the_same_state_with_its_logits_replaces_the_one_without() -> None:
+    store = CheckpointStore(_identity())
+    bare = Checkpoint(tokens=(1, 2), blob=b"s", bounds=(2,))
+    kept = Checkpoint(tokens=(1, 2), blob=b"s", bounds=(2,), logits=_logits(1))
+    store.add(bare)
+    store.add(kept)
+    assert [c.id for c in store.all()] == [kept.id]
+    store.add(bare)  # the same state without them adds nothing
+    assert [c.id for c in store.all()] == [kept.id]
+
+
+def test_the_disk_tier_keeps_the_logits_and_checks_them(tmp_path: Path) -> None:
+    logits = _logits(3)
+    (path,) = spill(tmp_path, [Checkpoint(tokens=(1, 2, 3), blob=_blob(1), bounds=(3,),
+                                          logits=logits)])
+    store = tier_store(tmp_path)
+    (indexed,) = store.all()
+    assert indexed.logits is None and indexed.logits_size == len(logits)  # not read yet
+    assert store.candidates([1, 2, 3], decode_schedule(3, n_batch=64)) == [indexed]
+    fetched = store.fetch(indexed)
+    assert fetched is not None and fetched.logits == logits and fetched.blob == _blob(1)
+    # One bit of the logits flipped, the header left as it was: refused and removed.
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0x10
+    path.write_bytes(bytes(data))
+    store = tier_store(tmp_path)
+    (indexed,) = store.all()
+    assert store.fetch(indexed) is None
+    assert store.stats().rejected == 1 and tier_files(tmp_path) == []
+
+
+def test_logits_swapped_between_two_files_are_rejected(tmp_path: Path) -> None:
+    files = spill(tmp_path, [
+        Checkpoint(tokens=(1, 2, 3), blob=_blob(1), bounds=(3,), logits=_logits(1)),
+        Checkpoint(tokens=(1, 2, 4), blob=_blob(2), bounds=(3,), logits=_logits(2)),
+    ])
+    data = [f.read_bytes() for f in files]
+    n = len(_logits(1))
+    for path, mine, theirs in ((files[0], data[0], data[1]), (files[1], data[1], data[0])):
+        path.write_bytes(mine[:-n] + theirs[-n:])
+    store = tier_store(tmp_path)
+    assert all(store.fetch(c) is None for c in store.all())
+    assert store.stats().rejected == 2 and tier_files(tmp_path) == []
+
+
+def test_a_file_of_version_3_is_read_as_a_checkpoint_without_logits(tmp_path: Path) -> None:
+    """Written before logits were kept: its state still serves, and its prompt's last chunk
+    is decoded again, as then."""
+    (path,) = spill(tmp_path, [Checkpoint(tokens=(1, 2, 3), blob=_blob(1), bounds=(3,))])
+    _, header, blob = split(path.read_bytes())
+    old = _edit(logits_size=..., logits_sha256=...)(json.loads(header))
+    path.write_bytes(file_head(KEY, old, 3) + old + blob)
+    store = tier_store(tmp_path)
+    (checkpoint,) = store.all()
+    assert not checkpoint.has_logits and store.stats().rejected == 0
+    fetched = store.fetch(checkpoint)
+    assert fetched is not None and fetched.blob == _blob(1) and fetched.logits is None
+    assert store.candidates([1, 2, 3], decode_schedule(3, n_batch=64)) == []
+    # Signed as version 3 but carrying logits after the blob: its sizes do not add up.
+    path = tier_files(tmp_path)[0]
+    path.write_bytes(file_head(KEY, old, 3) + old + blob + _logits(1))
+    assert len(tier_store(tmp_path)) == 0 and tier_files(tmp_path) == []
+
+
 def test_the_disk_tier_keeps_a_checkpoints_scope_and_an_old_file_is_the_windows(
     tmp_path: Path,
 ) -> None:
@@ -429,7 +524,8 @@ def tier_files(folder: Path, identity: Identity | None = None) -> list[Path]:
 
 
 def split(data: bytes) -> tuple[bytes, bytes, bytes]:
-    """A tier file's head (magic, version, header length, tag), JSON header and blob."""
+    """A tier file's head (magic, version, header length, tag), JSON header and what
+    follows (the blob, and the logits if any)."""
     (length,) = struct.unpack_from("<I", data, 12)  # after the magic and the version
     start = len(file_head(KEY, b""))
     return data[:start], data[start:start + length], data[start + length:]
@@ -537,6 +633,13 @@ HEADER_DAMAGE: dict[str, Callable[[dict[str, Any]], bytes]] = {
     "size negative": _edit(size=-1),
     "size missing": _edit(size=...),
     "sha256 missing": _edit(sha256=...),
+    "logits size missing": _edit(logits_size=...),
+    "logits size negative": _edit(logits_size=-4),
+    "logits size not whole floats": _edit(logits_size=3),
+    "logits size text": _edit(logits_size="0"),
+    "logits size past the end": _edit(logits_size=400),
+    "logits checksum missing": _edit(logits_sha256=...),
+    "logits checksum not text": _edit(logits_sha256=5),
     "tokens empty": _edit(tokens=[], bounds=[]),
     "tokens not ints": _edit(tokens=[1, 2.5, 3]),
     "token negative": _edit(tokens=[1, -2, 3]),
