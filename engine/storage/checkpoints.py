@@ -212,6 +212,7 @@ class _Entry:
     last_used: float
     path: Path | None = None  # on disk when set
     in_ram: bool = True
+    file_bytes: int = 0  # the size of its file on disk: header, blob and logits
 
 
 class CheckpointStore:
@@ -398,7 +399,7 @@ class CheckpointStore:
         checkpoint = entry.checkpoint
         if self._disk is not None and entry.path is None:
             try:
-                entry.path = self._write_file(checkpoint)
+                entry.path, entry.file_bytes = self._write_file(checkpoint)
             except OSError as exc:
                 log.warning("cannot write checkpoint %d to disk (%s)", checkpoint.id, exc)
         if entry.path is None:
@@ -409,17 +410,17 @@ class CheckpointStore:
 
     def _enforce_disk_budget(self) -> None:
         on_disk = [e for e in self._entries.values() if e.path is not None and not e.in_ram]
-        used = sum(e.checkpoint.footprint for e in on_disk)
+        used = sum(e.file_bytes for e in on_disk)  # the headers' token lists included
         on_disk.sort(key=self._value)
         for entry in on_disk:
             if used <= self.disk_budget:
                 break
-            used -= entry.checkpoint.footprint
+            used -= entry.file_bytes
             self.drop(entry.checkpoint.id)
 
-    def _write_file(self, checkpoint: Checkpoint) -> Path:
+    def _write_file(self, checkpoint: Checkpoint) -> tuple[Path, int]:
         """One file per checkpoint: `file_head`, the JSON header, the blob, the logits (if
-        any). Written to a temp file, fsynced, then renamed into place."""
+        any). Written to a temp file, fsynced, then renamed into place. Its path and size."""
         assert self._disk is not None and self._key is not None and checkpoint.blob is not None
         logits = checkpoint.logits or b""
         header = dumps_strict({
@@ -434,12 +435,13 @@ class CheckpointStore:
             "logits_sha256": hashlib.sha256(logits).hexdigest(),
         })
         final = self._disk / f"{checkpoint.id}-{int(time.time() * 1e6)}.ckpt"
+        head = file_head(self._key, header)
         with atomic_writer(final) as f:
-            f.write(file_head(self._key, header))
+            f.write(head)
             f.write(header)
             f.write(checkpoint.blob)
             f.write(logits)
-        return final
+        return final, len(head) + len(header) + len(checkpoint.blob) + len(logits)
 
     def _read_file(self, path: Path, *, with_blob: bool = True) -> Checkpoint | None:
         """Read and verify a disk checkpoint; None (and a log line) if anything is off.
@@ -545,7 +547,12 @@ class CheckpointStore:
                 self.rejected += 1
                 continue
             # After a restart the tree's node ids are not this run's: it stays unattached.
-            self._entries[checkpoint.id] = _Entry(checkpoint, 0.0, path=path, in_ram=False)
+            try:
+                file_bytes = path.stat().st_size
+            except OSError:
+                file_bytes = checkpoint.footprint
+            self._entries[checkpoint.id] = _Entry(checkpoint, 0.0, path=path, in_ram=False,
+                                                  file_bytes=file_bytes)
         for path in stale:
             _remove(path)
 

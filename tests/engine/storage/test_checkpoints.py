@@ -398,6 +398,19 @@ def test_the_budgets_count_the_logits(tmp_path: Path) -> None:
     assert stats.disk_bytes > 1800  # the file holds the logits too
 
 
+def test_the_disk_budget_counts_whole_files(tmp_path: Path) -> None:
+    """A file holds its header (every token of the prefix) as well as blob and logits."""
+    tokens = list(range(1000, 1200))
+    store = CheckpointStore(_identity(), key=KEY, ram_budget=0, disk_dir=tmp_path,
+                            disk_budget=3 * 1000)
+    for k in range(3):
+        store.add(Checkpoint(tokens=(*tokens, k), blob=bytearray(500), bounds=(201,),
+                             logits=bytes(400)))
+    store.enforce_budget()
+    stats = store.stats()
+    assert 0 < stats.disk_count < 3 and 0 < stats.disk_bytes <= 3 * 1000
+
+
 def test_the_same_state_with_its_logits_replaces_the_one_without() -> None:
     store = CheckpointStore(_identity())
     bare = Checkpoint(tokens=(1, 2), blob=b"s", bounds=(2,))
