@@ -146,8 +146,8 @@ def test_search_takes_the_deepest_checkpoint_that_ends_before_the_divergence(
     report = runtime.prepare(target, marks=marks, checkpoints=saved)
     assert (report.source, report.checkpoint_pos) == (Source.CHECKPOINT, 199)
     _assert_same_as_full_decode(runtime, target, marks)
-    # A target that ends at a checkpoint cannot use it (its last chunk is always decoded:
-    # saved state has no logits); the one before it is taken instead.
+    # A target that ends at a checkpoint taken inside a prompt cannot use it (saved state
+    # has no logits, and none were kept there): the one before it is taken instead.
     runtime.clear()
     report = runtime.prepare(stream[:200], marks=marks, checkpoints=saved)
     assert (report.checkpoint_pos, report.decoded_tokens) == (99, 100)
@@ -873,9 +873,11 @@ def test_the_prompt_end_checkpoint_is_taken_after_the_first_token_and_is_exact(
                      on_token=lambda token, _piece: events.append(f"token {token}"))
     assert events[0] == "checkpoint 32" and events[1].startswith("token ")
     assert events[2] == "checkpoint 60" and len(events) == 5
-    assert saved[-1].tokens == tuple(target)
-    assert runtime.restore(saved[-1])
-    runtime.prepare(target, checkpoints=[saved[-1]])  # cannot use it: decodes from 32
+    assert saved[-1].tokens == tuple(target) and saved[-1].has_logits
+    assert not saved[0].has_logits  # taken inside the prompt: no logits were computed there
+    runtime.clear()
+    report = runtime.prepare(target, checkpoints=saved)  # the logits kept: nothing to decode
+    assert (report.checkpoint_pos, report.decoded_tokens) == (59, 0)
     _assert_same_as_full_decode(runtime, target)
 
 
