@@ -626,6 +626,11 @@ class LlamaContext:
         return np.ctypeslib.as_array(ptr, shape=(self.model.n_vocab,)).copy()
 
 
+# llama_token_data as numpy lays it out: {int32 id; float logit; float p}.
+_TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])
+assert _TOKEN_DATA.itemsize == ctypes.sizeof(lc.llama_token_data)
+
+
 class Sampler:
     """A seeded llama.cpp sampler chain; temperature 0 is greedy."""
 
@@ -647,6 +652,29 @@ class Sampler:
 
     def sample(self, ctx: LlamaContext) -> int:
         return int(lc.llama_sampler_sample(self._ptr, ctx.ptr, -1))
+
+    def sample_logits(self, logits: np.ndarray) -> int:
+        """Sample from logits held outside the context (a checkpoint's), exactly as
+        `llama_sampler_sample` samples from the context's: the candidates are every token in
+        id order with its logit and p 0, unsorted; the chain is applied, the selected token
+        read and accepted (llama-sampler.cpp, the path without backend sampling)."""
+        n = int(logits.shape[0])
+        if logits.ndim != 1 or n == 0:
+            raise ValueError(f"logits of shape {logits.shape}")
+        candidates = np.empty(n, dtype=_TOKEN_DATA)
+        candidates["id"] = np.arange(n, dtype=np.int32)
+        candidates["logit"] = logits
+        candidates["p"] = 0.0
+        array = lc.llama_token_data_array(
+            data=candidates.ctypes.data_as(lc.llama_token_data_p), size=n, selected=-1,
+            sorted=False,
+        )
+        lc.llama_sampler_apply(self._ptr, ctypes.byref(array))
+        if not 0 <= array.selected < array.size:
+            raise DecodeError(f"the sampler selected candidate {array.selected} of {array.size}")
+        token = int(array.data[array.selected].id)  # samplers may move `data`: read through it
+        lc.llama_sampler_accept(self._ptr, token)
+        return token
 
     def close(self) -> None:
         if self._ptr:

@@ -143,8 +143,17 @@ class Runtime:
         # Whose requests the live state was prepared for (engine.storage.checkpoints: scopes): only
         # a prepare for the same scope reuses it, and its checkpoints carry it.
         self._live_scope = ""
-        # The prompt-end checkpoint, taken after the first token is sampled (see prepare).
-        self._pending_capture: Callable[[], None] | None = None
+        # The prompt-end checkpoint, taken after the first token is sampled (see prepare):
+        # the length it must be taken at, and who keeps it.
+        self._pending_capture: tuple[int, Callable[[Checkpoint], None]] | None = None
+        # The logits after the first n live tokens, a prompt's end (n, logits): kept while
+        # those tokens are live, so a target ending there needs no decode (saved state
+        # holds no logits; the checkpoint taken there keeps them beside its blob).
+        self._end: tuple[int, np.ndarray] | None = None
+        # Whether llama.cpp's output no longer holds the last live token's logits (after a
+        # restore or a cut with nothing decoded since): the first token then comes from
+        # `_end` (Sampler.sample_logits).
+        self._stale = True
         log.info(
             "loaded %s: %s, memory %s, n_ctx %d, backend %s",
             model_path.name, self.model.description(), self.memory_kind, self.n_ctx, self.backend,
@@ -249,22 +258,31 @@ class Runtime:
         self._live = []
         self._bounds = []
         self._settled = False
+        self._end = None
+        self._stale = True
+
+    def _logits_at(self, n: int) -> np.ndarray | None:
+        """The kept logits after the first `n` live tokens, if `n` is where they were kept."""
+        if self._end is None or self._end[0] != n or n > self.canonical_tokens:
+            return None
+        return self._end[1]
 
     def live_reuse(self, target: Sequence[int], schedule: Schedule | None = None) -> int:
         """How many leading tokens of `target` the live cache can keep, for this memory kind.
 
         Only a chunk end of the target's schedule that the live prefix was decoded up to
-        with the same chunk ends qualifies, and never the target's end: its last chunk is
-        always decoded (saved state holds no logits). The answer never comes from
-        `seq_rm`'s return value: it comes from the memory kind and the positions llama.cpp
-        reports.
+        with the same chunk ends qualifies; the target's own end only where the logits of
+        its last token were kept (`_end`): else its last chunk is decoded for them. The
+        answer never comes from `seq_rm`'s return value: it comes from the memory kind and
+        the positions llama.cpp reports.
         """
         schedule = schedule or self.schedule(len(target))
         if not self._bounds:
             return 0
         common = common_prefix(self._live[: self.canonical_tokens], target)
-        agreed = common_prefix(self._bounds, schedule.ends[:-1])
-        usable = [end for end in self._bounds[:agreed] if end <= common]
+        agreed = common_prefix(self._bounds, schedule.ends)
+        usable = [end for end in self._bounds[:agreed] if end <= common
+                  and (end < len(target) or self._logits_at(end) is not None)]
         if not usable:
             return 0
         if self.memory_kind is not MemoryKind.DENSE:
@@ -296,9 +314,11 @@ class Runtime:
         if self.canonical_tokens != len(self._live) or not self._live:
             raise RuntimeError("capture() needs a live cache that holds only prompt tokens")
         blob = self.ctx.state_get(STATE_FLAGS)
+        logits = self._logits_at(len(self._live))
         return Checkpoint(
             tokens=tuple(self._live), blob=blob, bounds=tuple(self._bounds), flags=STATE_FLAGS,
             node_id=node_id, scope=self._live_scope,
+            logits=logits.astype("<f4", copy=False).tobytes() if logits is not None else None,
         )
 
     def restore(self, checkpoint: Checkpoint) -> bool:
@@ -314,6 +334,9 @@ class Runtime:
         self._bounds = list(checkpoint.bounds)
         self._live_scope = checkpoint.scope
         self._settled = True  # loaded into a cleared cache: laid out from cell 0
+        if checkpoint.logits is not None:
+            logits = np.frombuffer(checkpoint.logits, dtype="<f4")  # a read-only view
+            self._end = (checkpoint.n_tokens, logits)
         return True
 
     def _load_and_verify(self, checkpoint: Checkpoint) -> str | None:
@@ -322,6 +345,8 @@ class Runtime:
             return "has no state loaded"
         if not checkpoint.bounds or checkpoint.bounds[-1] != checkpoint.n_tokens:
             return "was decoded with an unknown schedule"
+        if checkpoint.logits is not None and len(checkpoint.logits) != 4 * self.model.n_vocab:
+            return f"has {len(checkpoint.logits)} bytes of logits for {self.model.n_vocab} tokens"
         read = self.ctx.state_set(checkpoint.blob, checkpoint.flags)
         if read != checkpoint.size:
             return f"was read as {read} of {checkpoint.size} bytes"
@@ -355,8 +380,10 @@ class Runtime:
         `n_batch` and the grid they fix the target's decode schedule, which every chunk
         decoded here follows. Candidates are the live cache and every checkpoint whose
         tokens are a prefix of the target and whose chunk ends agree with the schedule,
-        ending before the target's last chunk; the one that leaves the least to decode wins
-        (ties go to the live cache). Every restore is verified; a failed one is reported in
+        ending before the target's last chunk, or at the target's end where they kept its
+        last token's logits (then nothing is decoded: `generate` samples the first token
+        from those logits); the one that leaves the least to decode wins (ties go to the
+        live cache). Every restore is verified; a failed one is reported in
         `failed_checkpoints` and the next candidate is tried. While decoding, the state is
         captured after each chunk end in `save_at` and passed to `on_checkpoint`.
 
@@ -384,12 +411,7 @@ class Runtime:
         if use_live and scope == self._live_scope:
             plans.append((self.live_reuse(target, schedule), 1, None))
         for checkpoint in checkpoints:
-            if (
-                checkpoint.scope == scope
-                and checkpoint.n_tokens < len(target)
-                and schedule.agrees(checkpoint.bounds)
-                and checkpoint.is_prefix_of(target)
-            ):
+            if checkpoint.scope == scope and checkpoint.fits(target, schedule):
                 plans.append((checkpoint.n_tokens, 0, checkpoint))
         plans.sort(key=lambda plan: (plan[0], plan[1]), reverse=True)
         failed: list[int] = []
@@ -406,7 +428,11 @@ class Runtime:
                 loaded = candidate if candidate.blob is not None or fetch is None else fetch(
                     candidate
                 )
-                if loaded is not None and loaded.blob is not None and self.restore(loaded):
+                if (
+                    loaded is not None and loaded.blob is not None
+                    and (n < len(target) or loaded.logits is not None)
+                    and self.restore(loaded)
+                ):
                     reuse, source, used = n, Source.CHECKPOINT, candidate
                     break
                 failed.append(candidate.id)
@@ -434,12 +460,16 @@ class Runtime:
 
     def _keep_live_prefix(self, reuse: int) -> int:
         """Cut the live cache back to `reuse` tokens and check that it really holds them."""
-        if reuse < len(self._live) and not self.ctx.seq_rm(reuse, -1):
-            log.info("seq_rm(%d) refused; decoding from scratch", reuse)
-            self.clear()
-            return 0
+        if reuse < len(self._live):
+            if not self.ctx.seq_rm(reuse, -1):
+                log.info("seq_rm(%d) refused; decoding from scratch", reuse)
+                self.clear()
+                return 0
+            self._stale = True  # the output held a later token's logits
         del self._live[reuse:]
         self._bounds = [end for end in self._bounds if end <= reuse]
+        if self._end is not None and self._end[0] > reuse:
+            self._end = None
         if self.ctx.pos_max() != reuse - 1:
             log.warning(
                 "live cache holds up to position %d, expected %d; decoding from scratch",
@@ -472,6 +502,7 @@ class Runtime:
                 if self._settles and not self._settled and self._live:
                     self._settle()
                 chunk = target[position:end]
+                self._stale = True
                 status = self.ctx.decode(chunk, position, want_logits=end == len(target))
                 if status == 2:
                     self._resync_after_abort()
@@ -482,8 +513,11 @@ class Runtime:
                 position = end
                 keep = on_checkpoint if end in saves else None
                 if end == len(target):
+                    logits = self.ctx.logits()  # a copy: kept for a target ending here
+                    logits.flags.writeable = False
+                    self._end, self._stale = (end, logits), False
                     if keep is not None:
-                        self._pending_capture = self._capture_into(keep)
+                        self._pending_capture = (end, keep)
                 elif self._settles:
                     settled = self._settle()  # before the next chunk; its blob is the save
                     if keep is not None:
@@ -509,28 +543,39 @@ class Runtime:
             self.clear()
             raise DecodeError(f"the context's own state {problem}")
         self._settled = True
+        self._stale = True  # the output is not the restored state's to vouch for
         return checkpoint
-
-    def _capture_into(self, keep: Callable[[Checkpoint], None]) -> Callable[[], None]:
-        held = len(self._live)
-
-        def capture() -> None:
-            if len(self._live) == held and self.canonical_tokens == held:
-                keep(self.capture())
-            else:  # cannot happen while every change flushes first; never save a wrong state
-                log.warning("deferred checkpoint dropped: the context changed before it")
-
-        return capture
 
     def flush_capture(self) -> None:
         """Take the deferred prompt-end checkpoint now, if one is waiting."""
         pending, self._pending_capture = self._pending_capture, None
-        if pending is not None:
-            pending()
+        if pending is None:
+            return
+        held, keep = pending
+        if len(self._live) == held and self.canonical_tokens == held:
+            keep(self.capture())
+        else:  # cannot happen while every change flushes first; never save a wrong state
+            log.warning("deferred checkpoint dropped: the context changed before it")
+
+    def _before_reply_decode(self) -> None:
+        """Before the first reply token is decoded: take the deferred checkpoint, and settle
+        a sliding-window cache that holds exactly a prompt. A prompt's end is then settled
+        in every mode, as its restored checkpoint is, so a reply decodes into the same cells
+        whether the prompt was decoded, kept live or restored without a decode (on Gemma 3
+        270M the unsettled and the restored cache gave replies apart at once)."""
+        n = len(self._live)
+        if not (self._settles and not self._settled and self.canonical_tokens == n):
+            self.flush_capture()
+            return
+        pending, self._pending_capture = self._pending_capture, None
+        settled = self._settle()  # its blob is the prompt-end checkpoint
+        if pending is not None and pending[0] == n:
+            pending[1](settled)
 
     def _resync_after_abort(self) -> None:
         """After an aborted decode, keep the live prefix only if the cache still holds
         exactly the chunks that completed (one chunk is one ubatch, rolled back whole)."""
+        self._stale = True
         if self.memory_kind is not MemoryKind.DENSE:
             # An aborted graph may have half-updated a recurrent state, and a sliding-window
             # cache may have given cells of old positions to the rolled-back chunk: drop it.
@@ -554,6 +599,10 @@ class Runtime:
         context or cancellation; the cache then holds the prompt and every decoded token."""
         if not self._live:
             raise RuntimeError("generate() needs a prepared prompt")
+        # A prompt prepared without a decode: its last token's logits were kept, not output.
+        held = self._logits_at(len(self._live)) if self._stale else None
+        if self._stale and held is None:
+            raise RuntimeError("generate() needs the logits of the prompt's last token")
         started = time.perf_counter()
         sampler = Sampler(sampling, seed)
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
@@ -566,7 +615,10 @@ class Runtime:
                 if cancel and cancel():
                     finish = FinishReason.CANCELLED
                     break
-                token = sampler.sample(self.ctx)
+                if held is not None:
+                    token, held = sampler.sample_logits(held), None
+                else:
+                    token = sampler.sample(self.ctx)
                 if ttft_ms is None:
                     ttft_ms = (time.perf_counter() - started) * 1000.0
                 if self.model.is_eog(token):
@@ -582,11 +634,14 @@ class Runtime:
                 if len(self._live) + 1 >= self.n_ctx:
                     finish = FinishReason.CONTEXT_FULL
                     break
-                self.flush_capture()  # after the first token is out, before the cache moves
+                if len(tokens) == 1:  # the first token is out; the cache is about to move
+                    self._before_reply_decode()
                 # One token per decode; cancellation is checked between tokens, so the abort
                 # callback stays disarmed and the cache never holds a half-decoded token.
+                self._stale = True
                 self.ctx.decode([token], len(self._live))
                 self._live.append(token)
+                self._stale = False
         finally:
             sampler.close()
             self.flush_capture()  # a reply that ended before its first decode
@@ -600,7 +655,13 @@ class Runtime:
         )
 
     def last_logits(self) -> np.ndarray:
-        """The logits of the last decoded token (for tests of the invariant)."""
+        """The logits the next token is sampled from: the last decoded token's, or those
+        kept for a prompt prepared without a decode (for tests of the invariant)."""
+        if self._stale:
+            held = self._logits_at(len(self._live))
+            if held is None:
+                raise RuntimeError("no logits for the last live token")
+            return held.copy()
         return self.ctx.logits()
 
 

@@ -6,12 +6,17 @@ are the target's decode schedule up to there (`engine.core.schedule`); the first
 the target's path in the tree", since a path's tokens are its nodes' tokens. It is attached to
 the tree node that holds its last token, so deleting the node frees it.
 
-The store keeps checkpoints in RAM under a budget and spills the least valuable ones to a disk
-tier before dropping anything. Every blob carries the identity of the context that made it; a
-disk file is also signed with the installation's key (`engine.storage.keyfile`): an HMAC over its
-header, which holds the blob's sha256. A file whose tag, identity or checksum does not match is
-removed and never handed to llama.cpp: its state loader is not safe on foreign bytes, and
-anyone who can write the cache folder could otherwise choose what it loads.
+A checkpoint taken at a prompt's end also keeps the logits of its last token (n_vocab float32),
+which saved llama.cpp state does not hold: a target that ends exactly there (a regenerate, a
+swipe) restores it and samples from them without decoding anything.
+
+The store keeps checkpoints in RAM under a budget (blob and logits counted) and spills the least
+valuable ones to a disk tier before dropping anything. Every blob carries the identity of the
+context that made it; a disk file is also signed with the installation's key
+(`engine.storage.keyfile`): an HMAC over its header, which holds the sha256 of the blob and of
+the logits. A file whose tag, identity or checksums do not match is removed and never handed
+to llama.cpp: its state loader is not safe on foreign bytes, and anyone who can write the cache
+folder could otherwise choose what it loads (or which token a reply starts with).
 
 Every checkpoint also carries its cache scope: whose requests made it ("" for the window, one
 scope per API `user`). A checkpoint serves only requests of its own scope, so what a request
@@ -44,8 +49,11 @@ log = logging.getLogger(__name__)
 
 _ids = itertools.count(1)
 _FILE_MAGIC = b"ARBORCKP"
-# 2: the chunk ends ("bounds"); 3: the HMAC tag. Files of other versions are discarded.
-_FILE_VERSION = 3
+# 2: the chunk ends ("bounds"); 3: the HMAC tag; 4: the prompt end's logits after the blob.
+# Version 3 files are read as checkpoints without logits; files of other versions are
+# discarded.
+_FILE_VERSION = 4
+_READ_VERSIONS = (3, 4)
 _PREFIX = struct.Struct("<8sII")  # magic, version, header length; then the tag, header, blob
 _TAG_BYTES = 32
 _HEADER_LIMIT = 1 << 26
@@ -92,10 +100,27 @@ class Checkpoint:
     size: int = -1  # bytes of the blob; set from the blob when not given
     # Whose requests made it ("" the window's): it serves only requests of the same scope.
     scope: str = ""
+    # The logits of its last token (n_vocab float32, little-endian), when that token ended
+    # a prompt: a target that ends here is then sampled from them with nothing decoded.
+    # None while only on disk, or when none were kept (interior chunk ends, old files).
+    logits: bytes | None = None
+    logits_size: int = -1  # bytes of the logits; set from them when not given (0: none)
 
     def __post_init__(self) -> None:
         if self.size < 0:
             object.__setattr__(self, "size", len(self.blob or b""))
+        if self.logits_size < 0:
+            object.__setattr__(self, "logits_size", len(self.logits or b""))
+
+    @property
+    def has_logits(self) -> bool:
+        """Whether it was kept with its last token's logits (in RAM or on disk)."""
+        return self.logits_size > 0
+
+    @property
+    def footprint(self) -> int:
+        """The bytes it holds, for the budgets: the state blob and the logits."""
+        return self.size + self.logits_size
 
     @property
     def n_tokens(self) -> int:
@@ -112,9 +137,10 @@ class Checkpoint:
     def fits(self, target: Sequence[int], schedule: Schedule) -> bool:
         """Whether restoring this and decoding the rest of `target` by `schedule` gives
         exactly the state a full decode by `schedule` gives: a prefix decoded with the
-        schedule's own chunk ends, leaving at least the last chunk to decode."""
+        schedule's own chunk ends, leaving at least the last chunk to decode, or all of
+        `target` when it holds the logits to sample the next token from."""
         return (
-            self.n_tokens < len(target)
+            (self.n_tokens < len(target) or (self.n_tokens == len(target) and self.has_logits))
             and schedule.agrees(self.bounds)
             and self.is_prefix_of(target)
         )
@@ -230,6 +256,7 @@ class _Entry:
     in_ram: bool = True
     # Inside a message (`plan_inner`): evicted before any other, and dropped, never spilled.
     inner: bool = False
+    file_bytes: int = 0  # the size of its file on disk: header, blob and logits
 
 
 class CheckpointStore:
@@ -305,7 +332,7 @@ class CheckpointStore:
             count=len(self._entries),
             ram_count=len(ram),
             disk_count=len(disk),
-            ram_bytes=sum(e.checkpoint.size for e in ram),
+            ram_bytes=sum(e.checkpoint.footprint for e in ram),
             disk_bytes=sum(e.path.stat().st_size for e in disk if e.path and e.path.exists()),
             ram_budget=self.ram_budget,
             disk_budget=self.disk_budget if self._disk is not None else 0,
@@ -325,14 +352,18 @@ class CheckpointStore:
         come many to a message, and dropping costs nothing)."""
         if not valid_bounds(checkpoint.bounds, checkpoint.n_tokens):
             raise ValueError("a checkpoint without its chunk ends can never be restored")
-        for entry in self._entries.values():
+        for entry in list(self._entries.values()):
             held = entry.checkpoint
             if (held.tokens, held.bounds, held.scope) == (
                 checkpoint.tokens, checkpoint.bounds, checkpoint.scope
             ):
-                entry.last_used = time.monotonic()
-                entry.inner = entry.inner and inner  # a message end there too: keep it so
-                return  # the same state is already kept
+                if held.has_logits or not checkpoint.has_logits:
+                    entry.last_used = time.monotonic()
+                    entry.inner = entry.inner and inner  # a message end there too: keep it so
+                    return  # the same state is already kept
+                inner = inner and entry.inner
+                self.drop(held.id)  # the same state, now with its logits: keep the new one
+                break
         self._entries[checkpoint.id] = _Entry(checkpoint, time.monotonic(), inner=inner)
         self.created += 1
         if inner:
@@ -348,12 +379,12 @@ class CheckpointStore:
             return entry.checkpoint
         assert entry.path is not None
         loaded = self._read_file(entry.path)
-        if loaded is None or (loaded.tokens, loaded.bounds, loaded.scope) != (
-            checkpoint.tokens, checkpoint.bounds, checkpoint.scope
-        ):
+        if loaded is None or (
+            loaded.tokens, loaded.bounds, loaded.scope, loaded.logits_size
+        ) != (checkpoint.tokens, checkpoint.bounds, checkpoint.scope, checkpoint.logits_size):
             self.reject(checkpoint.id)
             return None
-        return replace(checkpoint, blob=loaded.blob)
+        return replace(checkpoint, blob=loaded.blob, logits=loaded.logits)
 
     def mark_restored(self, checkpoint_id: int) -> None:
         self.restored += 1
@@ -387,14 +418,14 @@ class CheckpointStore:
         """Move the least valuable checkpoints out of RAM: to disk if there is a disk tier,
         else away. Value: on the active branch, then recently used, then costly to redo."""
         ram = [e for e in self._entries.values() if e.in_ram]
-        used = sum(e.checkpoint.size for e in ram)
+        used = sum(e.checkpoint.footprint for e in ram)
         if used <= self.ram_budget:
             return
         ram.sort(key=self._value)
         for entry in ram:
             if used <= self.ram_budget:
                 break
-            used -= entry.checkpoint.size
+            used -= entry.checkpoint.footprint
             self._evict(entry)
         self._enforce_disk_budget()
 
@@ -447,29 +478,30 @@ class CheckpointStore:
             return
         if self._disk is not None and entry.path is None:
             try:
-                entry.path = self._write_file(checkpoint)
+                entry.path, entry.file_bytes = self._write_file(checkpoint)
             except OSError as exc:
                 log.warning("cannot write checkpoint %d to disk (%s)", checkpoint.id, exc)
         if entry.path is None:
             del self._entries[checkpoint.id]
             return
         entry.in_ram = False
-        entry.checkpoint = replace(checkpoint, blob=None)
+        entry.checkpoint = replace(checkpoint, blob=None, logits=None)  # sizes are kept
 
     def _enforce_disk_budget(self) -> None:
         on_disk = [e for e in self._entries.values() if e.path is not None and not e.in_ram]
-        used = sum(e.checkpoint.size for e in on_disk)
+        used = sum(e.file_bytes for e in on_disk)  # the headers' token lists included
         on_disk.sort(key=self._value)
         for entry in on_disk:
             if used <= self.disk_budget:
                 break
-            used -= entry.checkpoint.size
+            used -= entry.file_bytes
             self.drop(entry.checkpoint.id)
 
-    def _write_file(self, checkpoint: Checkpoint) -> Path:
-        """One file per checkpoint: `file_head`, the JSON header, the blob. Written to a temp
-        file, fsynced, then renamed into place."""
+    def _write_file(self, checkpoint: Checkpoint) -> tuple[Path, int]:
+        """One file per checkpoint: `file_head`, the JSON header, the blob, the logits (if
+        any). Written to a temp file, fsynced, then renamed into place. Its path and size."""
         assert self._disk is not None and self._key is not None and checkpoint.blob is not None
+        logits = checkpoint.logits or b""
         header = dumps_strict({
             "identity": asdict(self.identity),
             "tokens": list(checkpoint.tokens),
@@ -478,22 +510,27 @@ class CheckpointStore:
             "scope": checkpoint.scope,
             "size": checkpoint.size,
             "sha256": hashlib.sha256(checkpoint.blob).hexdigest(),
+            "logits_size": len(logits),
+            "logits_sha256": hashlib.sha256(logits).hexdigest(),
         })
         final = self._disk / f"{checkpoint.id}-{int(time.time() * 1e6)}.ckpt"
+        head = file_head(self._key, header)
         with atomic_writer(final) as f:
-            f.write(file_head(self._key, header))
+            f.write(head)
             f.write(header)
             f.write(checkpoint.blob)
-        return final
+            f.write(logits)
+        return final, len(head) + len(header) + len(checkpoint.blob) + len(logits)
 
     def _read_file(self, path: Path, *, with_blob: bool = True) -> Checkpoint | None:
         """Read and verify a disk checkpoint; None (and a log line) if anything is off.
 
         The header is trusted only after its tag checks out with this installation's key,
-        and only for this identity. It holds the blob's size, which must be exactly what
-        follows it, and its sha256: a blob is handed out only when it matches, so it is the
-        very blob that header was written with. Without the blob (the index at start-up)
-        all but the sha256 is checked."""
+        and only for this identity. It holds the sizes of the blob and the logits, which
+        must be exactly what follows it, and their sha256: they are handed out only when
+        they match, so they are the very bytes that header was written with. Without the
+        blob (the index at start-up) all but the sha256s is checked. A file of version 3
+        has no logits."""
         assert self._key is not None
         try:
             if path.is_symlink():  # whatever it points at is not one of the tier's files
@@ -502,16 +539,25 @@ class CheckpointStore:
                 length = os.fstat(f.fileno()).st_size
                 header = self._read_header(f, self._key, length)
                 size, digest = header["size"], header["sha256"]
-                if size != length - f.tell():
-                    raise ValueError(f"{length - f.tell()} bytes follow the header, not {size}")
+                n_logits = header.get("logits_size", 0)
+                if size + n_logits != length - f.tell():
+                    raise ValueError(f"{length - f.tell()} bytes follow the header, not "
+                                     f"{size} + {n_logits}")
                 blob = f.read(size) if with_blob else None
+                logits = f.read(n_logits) if with_blob and n_logits else None
             if blob is not None and (
                 len(blob) != size or hashlib.sha256(blob).hexdigest() != digest
             ):
                 raise ValueError("the blob does not match its checksum")
+            if logits is not None and (
+                len(logits) != n_logits
+                or hashlib.sha256(logits).hexdigest() != header["logits_sha256"]
+            ):
+                raise ValueError("the logits do not match their checksum")
             return Checkpoint(
                 tokens=tuple(header["tokens"]), blob=blob, bounds=tuple(header["bounds"]),
                 flags=header["flags"], size=size, scope=header.get("scope", ""),
+                logits=logits, logits_size=n_logits,
             )
         except (OSError, ValueError, FormatError) as exc:
             log.warning("discarding checkpoint file %s: %s", path.name, exc)
@@ -523,12 +569,12 @@ class CheckpointStore:
         if len(head) != _PREFIX.size + _TAG_BYTES or not head.startswith(_FILE_MAGIC):
             raise ValueError("not an Arbor checkpoint file")
         _, version, header_len = _PREFIX.unpack_from(head)
-        if version != _FILE_VERSION:
+        if version not in _READ_VERSIONS:
             raise ValueError(f"unsupported checkpoint file (version {version})")
         if header_len > min(_HEADER_LIMIT, length - len(head)):
             raise ValueError(f"a header of {header_len} bytes does not fit the file")
         data = f.read(header_len)
-        if not hmac.compare_digest(file_head(key, data), head):
+        if not hmac.compare_digest(file_head(key, data, version), head):
             raise ValueError("not signed with this installation's key")
         header = loads_strict(data, max_bytes=_HEADER_LIMIT)
         if not isinstance(header, dict):
@@ -550,6 +596,15 @@ class CheckpointStore:
         scope = header.get("scope", "")  # files written before scopes are the window's
         if not isinstance(scope, str) or len(scope) > MAX_SCOPE_CHARS:
             raise ValueError("bad scope")
+        if version < 4:  # written before logits were kept: none
+            header.pop("logits_size", None)
+            header.pop("logits_sha256", None)
+            return header
+        n_logits = header.get("logits_size")
+        if not _is_int(n_logits) or n_logits < 0 or n_logits % 4:
+            raise ValueError("bad logits size")
+        if not isinstance(header.get("logits_sha256"), str):
+            raise ValueError("bad logits checksum field")
         return header
 
     def _load_disk_index(self) -> None:
@@ -571,15 +626,20 @@ class CheckpointStore:
                 self.rejected += 1
                 continue
             # After a restart the tree's node ids are not this run's: it stays unattached.
-            self._entries[checkpoint.id] = _Entry(checkpoint, 0.0, path=path, in_ram=False)
+            try:
+                file_bytes = path.stat().st_size
+            except OSError:
+                file_bytes = checkpoint.footprint
+            self._entries[checkpoint.id] = _Entry(checkpoint, 0.0, path=path, in_ram=False,
+                                                  file_bytes=file_bytes)
         for path in stale:
             _remove(path)
 
 
-def file_head(key: bytes, header: bytes) -> bytes:
+def file_head(key: bytes, header: bytes, version: int = _FILE_VERSION) -> bytes:
     """What precedes a disk file's JSON header: magic, version, the header's length, and the
     tag, an HMAC-SHA256 with `key` over those and the header."""
-    prefix = _PREFIX.pack(_FILE_MAGIC, _FILE_VERSION, len(header))
+    prefix = _PREFIX.pack(_FILE_MAGIC, version, len(header))
     return prefix + hmac.new(key, prefix + header, hashlib.sha256).digest()
 
 

@@ -91,10 +91,13 @@ def test_regenerate_edit_and_switch_back_decode_only_the_tail_and_match_a_fresh_
         reply2 = two.choices[0].message.content
         three = ask(client, chat(FIRST, reply1, "And where does the sea come in?", reply2,
                                  "What about tides?"))
-        # A swipe: the same request again; a new reply from the state before it.
+        # A swipe: the same request again; a new reply from the state before it, sampled
+        # from the logits its prompt-end checkpoint kept: nothing decoded. (Greedy: the
+        # same words as the reply it swipes, which the fresh server below checks.)
         again = ask(client, chat(FIRST, reply1, "And where does the sea come in?", reply2,
                                  "What about tides?"))
-        assert tail(again) < 40, again.usage
+        assert tail(again) == 0, again.usage
+        assert again.choices[0].message.content == three.choices[0].message.content
         # An edit of an earlier message: everything before it is reused.
         edited = ask(client, chat(FIRST, reply1, "And what do floods do to it?"))
         assert tail(edited) < 40 and edited.usage.prompt_tokens_details.cached_tokens > 100
@@ -141,7 +144,7 @@ def test_cached_tokens_tell_a_client_nothing_of_another_clients_messages(
     with serving(tiny_models[kind], db) as (_server, client):
         private = note(NOTE, "a")
         swipe = note(NOTE, "a")
-        assert tail(swipe) < 20, swipe.usage  # a's own state serves a
+        assert tail(swipe) == 0, swipe.usage  # a's own state serves a, with its logits
         right = note(NOTE, "b")
         note(NOTE, "a")  # a's again: its branch is what the engine holds and warms
         guessed = note(wrong, "c")

@@ -97,6 +97,33 @@ def test_on_gemma_a_restore_and_its_tail_are_bit_identical_to_a_full_reprocess(
     assert np.array_equal(runtime.last_logits(), restored)
 
 
+@pytest.mark.parametrize("swa_full", [False, True], ids=["window-cache", "swa-full"])
+def test_on_gemma_a_reply_from_the_restored_prompt_end_is_a_full_reprocess(
+    swa_full: bool, gemma_path: Path, make_runtime: RuntimeFactory
+) -> None:
+    """A regenerate restores the prompt-end checkpoint and samples from its kept logits,
+    decoding nothing. The restored cache is laid out from cell 0; the decoded one is not,
+    and on this model a reply decoded into the one or the other parted at once (a logit
+    apart by 19 after 40 tokens). Every mode settles the prompt's end before the reply's
+    first decode, so they are the same cells, bit for bit."""
+    runtime = make_runtime(gemma_path, n_ctx=2048, n_batch=512,
+                           context=ContextParams(swa_full=swa_full))
+    stream = _prose(runtime, 1300)  # past the 512-token window
+    marks = [301, 777, 1003]
+    saved: list[Checkpoint] = []
+    hot = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
+    runtime.prepare(stream, marks=marks, use_live=False, save_at=[1300],
+                    on_checkpoint=saved.append)
+    fresh = runtime.generate(max_tokens=40, sampling=hot, seed=3)
+    fresh_last = runtime.last_logits()
+    runtime.clear()
+    report = runtime.prepare(stream, marks=marks, checkpoints=saved)
+    assert (report.source, report.decoded_tokens) == (Source.CHECKPOINT, 0)
+    restored = runtime.generate(max_tokens=40, sampling=hot, seed=3)
+    assert restored.tokens == fresh.tokens and len(fresh.tokens) == 40
+    assert np.array_equal(runtime.last_logits(), fresh_last)
+
+
 def _source(step: StepReport) -> Source | None:
     return step.report.source if step.report is not None else None
 

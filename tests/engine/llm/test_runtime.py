@@ -11,12 +11,14 @@ import pytest
 
 from engine.core.errors import Cancelled, ContextOverflowError, ModelLoadError, ModelNotFoundError
 from engine.core.memory import MemoryKind
-from engine.llm.llama import ContextParams, SamplingParams, supports_gpu_offload
+from engine.llm.llama import ContextParams, Sampler, SamplingParams, supports_gpu_offload
 from engine.llm.runtime import FinishReason, Runtime, Source
+from engine.storage.checkpoints import Checkpoint
 from tests.conftest import ALL_KINDS, RuntimeFactory
 from tests.helpers import fresh_logits, random_tokens
 
 GREEDY = SamplingParams(temperature=0.0)
+HOT = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)  # any token can come
 
 
 @pytest.mark.parametrize("kind", ALL_KINDS, ids=lambda k: k.value)
@@ -89,6 +91,112 @@ def test_generated_tokens_are_decoded_again_batched_before_reuse(
         assert report.reused_tokens == 0  # the state went past the prompt; it cannot go back
     assert report.reused_tokens + report.decoded_tokens == len(target)
     assert np.array_equal(runtime.last_logits(), fresh_logits(runtime, target, marks))
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SamplingParams(), HOT],
+                         ids=["greedy", "default", "hot"])
+def test_sampling_kept_logits_is_llama_cpps_own_sampling(
+    sampling: SamplingParams, tiny_models: dict[str, Path], make_runtime: RuntimeFactory
+) -> None:
+    """`Sampler.sample_logits` (a prompt prepared without a decode) does what
+    `llama_sampler_sample` does with the context's logits: for every seed the same tokens,
+    three draws in a row, so the chain's state moves the same way too."""
+    runtime = make_runtime(tiny_models["dense"], n_ctx=256, n_batch=64)
+    runtime.prepare(random_tokens(30))
+    logits = runtime.last_logits()
+    firsts: set[int] = set()
+    for seed in range(40):
+        native, kept = Sampler(sampling, seed), Sampler(sampling, seed)
+        try:
+            drawn = [native.sample(runtime.ctx) for _ in range(3)]
+            assert [kept.sample_logits(logits) for _ in range(3)] == drawn
+        finally:
+            native.close()
+            kept.close()
+        firsts.add(drawn[0])
+    assert firsts == {int(np.argmax(logits))} if sampling.greedy else len(firsts) > 5
+    assert np.array_equal(runtime.last_logits(), logits)  # sampling never touched them
+
+
+@pytest.mark.parametrize("kind", ALL_KINDS, ids=lambda k: k.value)
+def test_the_same_prompt_again_decodes_nothing_and_replies_as_a_full_reprocess(
+    kind: MemoryKind, tiny_models: dict[str, Path], make_runtime: RuntimeFactory
+) -> None:
+    """Regenerate, a swipe: a target that ends where a prompt ended. The prompt-end
+    checkpoint keeps its last token's logits (saved state has none), so it is restored and
+    the first token sampled with nothing decoded; a dense live cache is cut back to it for
+    the same. The first token's logits and the whole reply are the full reprocess's."""
+    runtime = make_runtime(tiny_models[kind.value], n_ctx=1024, n_batch=32)
+    target, marks = random_tokens(150), [100]  # past the sliding window (32)
+    saved: list[Checkpoint] = []
+    runtime.prepare(target, marks=marks, save_at=[150], on_checkpoint=saved.append)
+    first = runtime.generate(max_tokens=16, sampling=HOT, seed=4)
+    (end,) = saved
+    assert end.tokens == tuple(target) and end.logits_size == 4 * runtime.model.n_vocab
+    # The live cache holds the reply's tokens: only a dense one can be cut back to the end.
+    report = runtime.prepare(target, marks=marks, checkpoints=saved)
+    source = Source.LIVE if kind is MemoryKind.DENSE else Source.CHECKPOINT
+    assert (report.source, report.reused_tokens, report.decoded_tokens) == (source, 150, 0)
+    again_logits = runtime.last_logits()
+    again = runtime.generate(max_tokens=16, sampling=HOT, seed=4)
+    runtime.clear()  # the checkpoint alone, as after a restart or another branch
+    report = runtime.prepare(target, marks=marks, checkpoints=saved)
+    assert (report.source, report.reused_tokens, report.decoded_tokens) == (
+        Source.CHECKPOINT, 150, 0)
+    restored_logits = runtime.last_logits()
+    restored = runtime.generate(max_tokens=16, sampling=HOT, seed=4)
+    reference_logits = fresh_logits(runtime, target, marks)
+    reference = runtime.generate(max_tokens=16, sampling=HOT, seed=4)
+    assert np.array_equal(again_logits, reference_logits)
+    assert np.array_equal(restored_logits, reference_logits)
+    assert len(reference.tokens) > 1
+    assert first.tokens == again.tokens == restored.tokens == reference.tokens
+
+
+@pytest.mark.parametrize("kind", ALL_KINDS, ids=lambda k: k.value)
+def test_a_live_prompt_whose_reply_decoded_nothing_is_reused_whole(
+    kind: MemoryKind, tiny_models: dict[str, Path], make_runtime: RuntimeFactory
+) -> None:
+    """A reply stopped at its first token (or discarded before its first decode) leaves the
+    context holding exactly the prompt: the same prompt again decodes nothing, on every
+    memory kind, and samples as a full reprocess does."""
+    runtime = make_runtime(tiny_models[kind.value], n_ctx=1024, n_batch=32)
+    target, marks = random_tokens(150), [100]
+    runtime.prepare(target, marks=marks)
+    runtime.generate(max_tokens=1, sampling=HOT, seed=2)  # sampled, never decoded
+    assert runtime.live_tokens == tuple(target)
+    report = runtime.prepare(target, marks=marks)
+    assert (report.source, report.reused_tokens, report.decoded_tokens) == (Source.LIVE, 150, 0)
+    live = runtime.generate(max_tokens=12, sampling=HOT, seed=2)
+    assert runtime.live_tokens[:150] == tuple(target)
+    runtime.clear()
+    runtime.prepare(target, marks=marks, use_live=False)
+    assert runtime.generate(max_tokens=12, sampling=HOT, seed=2).tokens == live.tokens
+    # Another schedule of the same tokens is another state: its last chunk is decoded.
+    runtime.prepare(target, marks=marks)
+    runtime.generate(max_tokens=1, sampling=HOT, seed=2)
+    report = runtime.prepare(target, marks=[120])
+    assert report.decoded_tokens > 0
+    assert np.array_equal(runtime.last_logits(), fresh_logits(runtime, target, [120]))
+
+
+def test_kept_logits_that_do_not_fit_the_vocabulary_are_refused(
+    tiny_models: dict[str, Path], make_runtime: RuntimeFactory
+) -> None:
+    runtime = make_runtime(tiny_models["recurrent"], n_ctx=1024, n_batch=32)
+    target = random_tokens(100)
+    saved: list[Checkpoint] = []
+    runtime.prepare(target, marks=[64], save_at=[64, 100], on_checkpoint=saved.append)
+    runtime.generate(max_tokens=2, sampling=GREEDY, seed=0)
+    inner, end = saved
+    assert not inner.has_logits and end.logits is not None
+    short = Checkpoint(tokens=end.tokens, blob=end.blob, bounds=end.bounds,
+                       logits=end.logits[:-4])
+    runtime.clear()
+    report = runtime.prepare(target, marks=[64], checkpoints=[short, inner])
+    assert report.failed_checkpoints == (short.id,)
+    assert (report.source, report.reused_tokens) == (Source.CHECKPOINT, 64)
+    assert np.array_equal(runtime.last_logits(), fresh_logits(runtime, target, [64]))
 
 
 def test_one_token_decodes_really_differ_from_batched_ones(

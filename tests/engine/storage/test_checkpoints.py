@@ -186,8 +186,8 @@ def test_search_takes_the_deepest_checkpoint_that_ends_before_the_divergence(
     report = runtime.prepare(target, marks=marks, checkpoints=saved)
     assert (report.source, report.checkpoint_pos) == (Source.CHECKPOINT, 199)
     _assert_same_as_full_decode(runtime, target, marks)
-    # A target that ends at a checkpoint cannot use it (its last chunk is always decoded:
-    # saved state has no logits); the one before it is taken instead.
+    # A target that ends at a checkpoint taken inside a prompt cannot use it (saved state
+    # has no logits, and none were kept there): the one before it is taken instead.
     runtime.clear()
     report = runtime.prepare(stream[:200], marks=marks, checkpoints=saved)
     assert (report.checkpoint_pos, report.decoded_tokens) == (99, 100)
@@ -535,6 +535,114 @@ def test_a_store_offers_each_scope_only_its_own_checkpoints() -> None:
     assert store.candidates(tokens, schedule, scope="api:c") == []
 
 
+def _logits(seed: int, n_vocab: int = 50) -> bytes:
+    return np.random.default_rng(seed).standard_normal(n_vocab).astype("<f4").tobytes()
+
+
+def test_a_target_that_ends_at_a_checkpoint_fits_it_only_with_its_logits() -> None:
+    tokens = (5, 6, 7)
+    schedule = decode_schedule(3, n_batch=64)
+    bare = Checkpoint(tokens=tokens, blob=b"s", bounds=(3,))
+    kept = Checkpoint(tokens=tokens, blob=b"s", bounds=(3,), logits=_logits(1))
+    assert not bare.fits(list(tokens), schedule) and kept.fits(list(tokens), schedule)
+    assert (bare.has_logits, kept.has_logits, kept.logits_size) == (False, True, 200)
+    assert kept.footprint == 1 + 200
+    spilled = replace(kept, blob=None, logits=None)  # as the store keeps one on disk
+    assert spilled.has_logits and spilled.fits(list(tokens), schedule)
+
+
+def test_the_budgets_count_the_logits(tmp_path: Path) -> None:
+    """Logits are n_vocab floats (1 MiB on Gemma 3's 262k vocabulary): a budget that holds
+    two blobs holds one blob with its logits."""
+    store = CheckpointStore(_identity(), key=KEY, ram_budget=2 * 1000, disk_dir=tmp_path)
+    store.add(Checkpoint(tokens=(1,), blob=bytearray(1000), bounds=(1,), node_id=1,
+                         logits=bytes(800)))
+    store.add(_fake([2], 1000, node=2))
+    store.protect([2])
+    assert store.stats().ram_bytes == 2800
+    store.enforce_budget()
+    stats = store.stats()
+    assert (stats.ram_count, stats.disk_count, stats.ram_bytes) == (1, 1, 1000)
+    assert stats.disk_bytes > 1800  # the file holds the logits too
+
+
+def test_the_disk_budget_counts_whole_files(tmp_path: Path) -> None:
+    """A file holds its header (every token of the prefix) as well as blob and logits."""
+    tokens = list(range(1000, 1200))
+    store = CheckpointStore(_identity(), key=KEY, ram_budget=0, disk_dir=tmp_path,
+                            disk_budget=3 * 1000)
+    for k in range(3):
+        store.add(Checkpoint(tokens=(*tokens, k), blob=bytearray(500), bounds=(201,),
+                             logits=bytes(400)))
+    store.enforce_budget()
+    stats = store.stats()
+    assert 0 < stats.disk_count < 3 and 0 < stats.disk_bytes <= 3 * 1000
+
+
+def test_the_same_state_with_its_logits_replaces_the_one_without() -> None:
+    store = CheckpointStore(_identity())
+    bare = Checkpoint(tokens=(1, 2), blob=b"s", bounds=(2,))
+    kept = Checkpoint(tokens=(1, 2), blob=b"s", bounds=(2,), logits=_logits(1))
+    store.add(bare)
+    store.add(kept)
+    assert [c.id for c in store.all()] == [kept.id]
+    store.add(bare)  # the same state without them adds nothing
+    assert [c.id for c in store.all()] == [kept.id]
+
+
+def test_the_disk_tier_keeps_the_logits_and_checks_them(tmp_path: Path) -> None:
+    logits = _logits(3)
+    (path,) = spill(tmp_path, [Checkpoint(tokens=(1, 2, 3), blob=_blob(1), bounds=(3,),
+                                          logits=logits)])
+    store = tier_store(tmp_path)
+    (indexed,) = store.all()
+    assert indexed.logits is None and indexed.logits_size == len(logits)  # not read yet
+    assert store.candidates([1, 2, 3], decode_schedule(3, n_batch=64)) == [indexed]
+    fetched = store.fetch(indexed)
+    assert fetched is not None and fetched.logits == logits and fetched.blob == _blob(1)
+    # One bit of the logits flipped, the header left as it was: refused and removed.
+    data = bytearray(path.read_bytes())
+    data[-3] ^= 0x10
+    path.write_bytes(bytes(data))
+    store = tier_store(tmp_path)
+    (indexed,) = store.all()
+    assert store.fetch(indexed) is None
+    assert store.stats().rejected == 1 and tier_files(tmp_path) == []
+
+
+def test_logits_swapped_between_two_files_are_rejected(tmp_path: Path) -> None:
+    files = spill(tmp_path, [
+        Checkpoint(tokens=(1, 2, 3), blob=_blob(1), bounds=(3,), logits=_logits(1)),
+        Checkpoint(tokens=(1, 2, 4), blob=_blob(2), bounds=(3,), logits=_logits(2)),
+    ])
+    data = [f.read_bytes() for f in files]
+    n = len(_logits(1))
+    for path, mine, theirs in ((files[0], data[0], data[1]), (files[1], data[1], data[0])):
+        path.write_bytes(mine[:-n] + theirs[-n:])
+    store = tier_store(tmp_path)
+    assert all(store.fetch(c) is None for c in store.all())
+    assert store.stats().rejected == 2 and tier_files(tmp_path) == []
+
+
+def test_a_file_of_version_3_is_read_as_a_checkpoint_without_logits(tmp_path: Path) -> None:
+    """Written before logits were kept: its state still serves, and its prompt's last chunk
+    is decoded again, as then."""
+    (path,) = spill(tmp_path, [Checkpoint(tokens=(1, 2, 3), blob=_blob(1), bounds=(3,))])
+    _, header, blob = split(path.read_bytes())
+    old = _edit(logits_size=..., logits_sha256=...)(json.loads(header))
+    path.write_bytes(file_head(KEY, old, 3) + old + blob)
+    store = tier_store(tmp_path)
+    (checkpoint,) = store.all()
+    assert not checkpoint.has_logits and store.stats().rejected == 0
+    fetched = store.fetch(checkpoint)
+    assert fetched is not None and fetched.blob == _blob(1) and fetched.logits is None
+    assert store.candidates([1, 2, 3], decode_schedule(3, n_batch=64)) == []
+    # Signed as version 3 but carrying logits after the blob: its sizes do not add up.
+    path = tier_files(tmp_path)[0]
+    path.write_bytes(file_head(KEY, old, 3) + old + blob + _logits(1))
+    assert len(tier_store(tmp_path)) == 0 and tier_files(tmp_path) == []
+
+
 def test_the_disk_tier_keeps_a_checkpoints_scope_and_an_old_file_is_the_windows(
     tmp_path: Path,
 ) -> None:
@@ -597,7 +705,8 @@ def tier_files(folder: Path, identity: Identity | None = None) -> list[Path]:
 
 
 def split(data: bytes) -> tuple[bytes, bytes, bytes]:
-    """A tier file's head (magic, version, header length, tag), JSON header and blob."""
+    """A tier file's head (magic, version, header length, tag), JSON header and what
+    follows (the blob, and the logits if any)."""
     (length,) = struct.unpack_from("<I", data, 12)  # after the magic and the version
     start = len(file_head(KEY, b""))
     return data[:start], data[start:start + length], data[start + length:]
@@ -705,6 +814,13 @@ HEADER_DAMAGE: dict[str, Callable[[dict[str, Any]], bytes]] = {
     "size negative": _edit(size=-1),
     "size missing": _edit(size=...),
     "sha256 missing": _edit(sha256=...),
+    "logits size missing": _edit(logits_size=...),
+    "logits size negative": _edit(logits_size=-4),
+    "logits size not whole floats": _edit(logits_size=3),
+    "logits size text": _edit(logits_size="0"),
+    "logits size past the end": _edit(logits_size=400),
+    "logits checksum missing": _edit(logits_sha256=...),
+    "logits checksum not text": _edit(logits_sha256=5),
     "tokens empty": _edit(tokens=[], bounds=[]),
     "tokens not ints": _edit(tokens=[1, 2.5, 3]),
     "token negative": _edit(tokens=[1, -2, 3]),
@@ -925,9 +1041,11 @@ def test_the_prompt_end_checkpoint_is_taken_after_the_first_token_and_is_exact(
                      on_token=lambda token, _piece: events.append(f"token {token}"))
     assert events[0] == "checkpoint 32" and events[1].startswith("token ")
     assert events[2] == "checkpoint 60" and len(events) == 5
-    assert saved[-1].tokens == tuple(target)
-    assert runtime.restore(saved[-1])
-    runtime.prepare(target, checkpoints=[saved[-1]])  # cannot use it: decodes from 32
+    assert saved[-1].tokens == tuple(target) and saved[-1].has_logits
+    assert not saved[0].has_logits  # taken inside the prompt: no logits were computed there
+    runtime.clear()
+    report = runtime.prepare(target, checkpoints=saved)  # the logits kept: nothing to decode
+    assert (report.checkpoint_pos, report.decoded_tokens) == (59, 0)
     _assert_same_as_full_decode(runtime, target)
 
 
