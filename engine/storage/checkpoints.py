@@ -317,12 +317,13 @@ class CheckpointStore:
 
     def inner_room(self) -> int:
         """Bytes of the RAM budget that the checkpoints other than inner ones leave free."""
-        used = sum(e.checkpoint.size for e in self._entries.values() if e.in_ram and not e.inner)
+        used = sum(e.checkpoint.footprint for e in self._entries.values()
+                   if e.in_ram and not e.inner)
         return max(0, self.ram_budget - used)
 
     def largest(self) -> int:
-        """The size of the largest checkpoint in RAM (0 when none): what the next one of
-        this context may cost, to size the inner checkpoints by."""
+        """The size of the largest state in RAM (0 when none): what the next inner
+        checkpoint of this context may cost (inner ones keep no logits), to size them by."""
         return max((e.checkpoint.size for e in self._entries.values() if e.in_ram), default=0)
 
     def stats(self) -> StoreStats:
@@ -464,11 +465,11 @@ class CheckpointStore:
     def _trim_inner(self) -> None:
         """Drop inner checkpoints, the least valuable first, while RAM is over the budget."""
         ram = [e for e in self._entries.values() if e.in_ram]
-        used = sum(e.checkpoint.size for e in ram)
+        used = sum(e.checkpoint.footprint for e in ram)
         for entry in sorted((e for e in ram if e.inner), key=self._value):
             if used <= self.ram_budget:
                 break
-            used -= entry.checkpoint.size
+            used -= entry.checkpoint.footprint
             self.drop(entry.checkpoint.id)
 
     def _evict(self, entry: _Entry) -> None:

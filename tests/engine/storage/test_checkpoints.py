@@ -413,12 +413,15 @@ def test_inner_checkpoints_take_only_the_room_the_others_leave(
     inner = sorted(c.n_tokens for c in roomy.inner())
     ends = {c.n_tokens for c in everything} - set(inner)
     assert len(inner) > 2
-    small = CheckpointStore(runtime.identity(), ram_budget=size * (len(ends) + 2))
+    # The ends' footprints count their kept logits too (the prompt end's); inner ones keep none.
+    ends_bytes = sum(c.footprint for c in everything if c.n_tokens in ends)
+    assert all(c.footprint == size for c in roomy.inner())
+    small = CheckpointStore(runtime.identity(), ram_budget=ends_bytes + 2 * size)
     kept = send(small)
     assert {c.n_tokens for c in kept} == ends | set(inner[-2:])
     assert small.stats().ram_count == len(kept)
     # Full of message ends: the next prepare plans no inner checkpoint at all.
-    small.ram_budget = size * len(ends)
+    small.ram_budget = ends_bytes
     created = small.created
     send(small)
     assert small.created == created and {c.n_tokens for c in small.all()} == ends
