@@ -1,7 +1,10 @@
 """OpenAI chat-completion requests in, OpenAI-shaped answers out, checked before any work.
 
 Only what Arbor does is accepted: a request asking for something it would silently ignore in
-a way that changes the answer (`n` > 1, tools, images) is refused with a 400 that says so.
+a way that changes the answer (`n` > 1, tools, images, a sampler llama.cpp's chain here does not
+have) is refused with a 400 that says so. The samplers clients send (`top_k`, `min_p`, the
+repetition, frequency and presence penalties, `logit_bias`) and `response_format` (JSON, by a
+grammar) are applied.
 Fields that change nothing about the text (`metadata`, `store`...) are ignored, as OpenAI's
 own server does with unknown keys. `user` names the client's cache scope: requests share
 conversation trees and cached state only with requests of the same `user` (absent is one
@@ -11,12 +14,16 @@ scope of its own), never with the window's.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
+import jsonschema
+
+from engine.config.params import SamplingParams
 from engine.core.tree import Role
 from engine.files.regular import FormatError
 from engine.files.strict_json import loads_strict
@@ -75,6 +82,18 @@ class ChatRequest:
     seed: int | None = None
     stop: tuple[str, ...] = ()
     user: str = ""  # OpenAI's end-user identifier: the cache scope ("" when not sent)
+    # The other samplers the request sets (SamplingParams' field names), response_format's
+    # schema among them: `sampling` applies them over the server's defaults.
+    samplers: tuple[tuple[str, Any], ...] = ()
+
+    def sampling(self, defaults: SamplingParams) -> SamplingParams:
+        """The sampling of this request: the server's defaults with what it sets."""
+        changes: dict[str, Any] = dict(self.samplers)
+        if self.temperature is not None:
+            changes["temperature"] = self.temperature
+        if self.top_p is not None:
+            changes["top_p"] = self.top_p
+        return replace(defaults, **changes)
 
     @property
     def scope(self) -> str:
@@ -105,9 +124,13 @@ def parse_chat(raw: dict[str, Any]) -> ChatRequest:
     n = raw.get("n", 1)
     if n is not None and (_int(n, "n") != 1):
         raise bad("Arbor answers one choice per request: 'n' must be 1", "n")
-    for unsupported in ("tools", "functions", "logprobs", "response_format"):
-        if raw.get(unsupported) not in (None, False, [], {"type": "text"}):
+    for unsupported in ("tools", "functions", "logprobs", "top_logprobs"):
+        if raw.get(unsupported) not in (None, False, []):
             raise bad(f"'{unsupported}' is not supported by Arbor's server", unsupported)
+    for name, neutral in _OTHER_SAMPLERS.items():
+        if raw.get(name) is not None and raw.get(name) != neutral:
+            raise bad(f"'{name}' is a sampler Arbor's server does not have: leave it out "
+                      f"(or at {neutral})", name)
     stream = _bool(raw.get("stream", False), "stream")
     options = raw.get("stream_options")
     include_usage = False
@@ -135,7 +158,94 @@ def parse_chat(raw: dict[str, Any]) -> ChatRequest:
     return ChatRequest(model=model, system=system, messages=messages, stream=stream,
                        include_usage=include_usage, max_tokens=max_tokens,
                        temperature=temperature, top_p=top_p, seed=seed,
-                       stop=_stop(raw.get("stop")), user=user)
+                       stop=_stop(raw.get("stop")), user=user, samplers=_samplers(raw))
+
+
+# Samplers clients send that llama.cpp has but Arbor's chain does not apply, each with the
+# value that means "off": anything else is refused by name, never silently ignored.
+_OTHER_SAMPLERS: dict[str, object] = {
+    "typical_p": 1, "tfs": 1, "tfs_z": 1, "top_a": 0, "mirostat": 0, "mirostat_mode": 0,
+    "dry_multiplier": 0, "xtc_probability": 0, "top_n_sigma": -1, "smoothing_factor": 0,
+    "dynatemp_range": 0,
+}
+MAX_LOGIT_BIAS = 1024  # entries, as many as a client could mean
+
+
+def _samplers(raw: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
+    """The SamplingParams changes a request asks for: the samplers SillyTavern, Open WebUI
+    and llama-server's clients send, by their names there, and response_format."""
+    out: dict[str, Any] = {}
+    top_k = raw.get("top_k")
+    if top_k is not None:
+        out["top_k"] = _int(top_k, "top_k")
+        if not 0 <= out["top_k"] <= 1 << 20:
+            raise bad("'top_k' must be between 0 (off) and 1048576", "top_k")
+    for name, low, high in (("min_p", 0.0, 1.0), ("frequency_penalty", -2.0, 2.0),
+                            ("presence_penalty", -2.0, 2.0)):
+        value = _number(raw.get(name), name, low, high)
+        if value is not None:
+            out[name] = value
+    for name in ("repetition_penalty", "repeat_penalty"):  # SillyTavern's, llama-server's
+        value = _number(raw.get(name), name, 0.0, 10.0)
+        if value is not None:
+            if value <= 0.0:
+                raise bad(f"'{name}' must be above 0 (1 is off)", name)
+            out["repeat_penalty"] = value
+    for name in ("repetition_penalty_range", "repeat_last_n"):
+        value = raw.get(name)
+        if value is not None:
+            out["penalty_last_n"] = _int(value, name)
+            if not 0 <= out["penalty_last_n"] <= MAX_TOKENS_LIMIT:
+                raise bad(f"'{name}' must be a count of tokens, 0 or more", name)
+    bias = raw.get("logit_bias")
+    if bias is not None:
+        out["logit_bias"] = _logit_bias(bias)
+    schema = _response_schema(raw.get("response_format"))
+    if schema is not None:
+        out["json_schema"] = schema
+    return tuple(out.items())
+
+
+def _logit_bias(raw: object) -> tuple[tuple[int, float], ...]:
+    """OpenAI's {"token id": bias from -100 to 100}."""
+    if not isinstance(raw, dict):
+        raise bad("'logit_bias' must be an object of token ids and biases", "logit_bias")
+    if len(raw) > MAX_LOGIT_BIAS:
+        raise bad(f"at most {MAX_LOGIT_BIAS} entries in 'logit_bias'", "logit_bias")
+    out: list[tuple[int, float]] = []
+    for key, value in raw.items():
+        if not (isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= 9):
+            raise bad("'logit_bias' keys must be token ids", "logit_bias")
+        bias = _number(value, "logit_bias", -100.0, 100.0)
+        assert bias is not None
+        out.append((int(key), bias))
+    return tuple(sorted(out))
+
+
+def _response_schema(raw: object) -> str | None:
+    """The JSON schema (as JSON text) response_format asks for; None for plain text."""
+    if raw is None:
+        return None
+    kind = raw.get("type") if isinstance(raw, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return json.dumps({"type": "object"})
+    if kind != "json_schema":
+        raise bad("'response_format' must be of type text, json_object or json_schema",
+                  "response_format")
+    assert isinstance(raw, dict)
+    spec = raw.get("json_schema")
+    schema = spec.get("schema") if isinstance(spec, dict) else None
+    if not isinstance(schema, dict):
+        raise bad("'response_format.json_schema.schema' must be a JSON schema object",
+                  "response_format")
+    try:
+        jsonschema.validators.validator_for(schema).check_schema(schema)
+    except jsonschema.SchemaError as exc:
+        raise bad(f"'response_format' holds an invalid JSON schema: {exc.message}",
+                  "response_format") from None
+    return json.dumps(schema, sort_keys=True)
 
 
 def _messages(raw: object) -> tuple[str, tuple[Message, ...]]:

@@ -278,11 +278,7 @@ class ApiWorker:
             if shown:
                 job.deliver(Text(shown))
 
-        sampling = engine.sampling()
-        if request.temperature is not None:
-            sampling = replace(sampling, temperature=request.temperature)
-        if request.top_p is not None:
-            sampling = replace(sampling, top_p=request.top_p)
+        sampling = request.sampling(engine.sampling())
         outcome = engine.reply(
             begun.path, max_tokens=request.max_tokens or loaded.n_ctx, seed=begun.seed,
             on_piece=on_piece, sampling=sampling, scope=request.scope,
@@ -361,4 +357,6 @@ def _api_error(outcome: Stopped | ReplyFailure) -> ApiError:
                             type="server_error")
         case FailureKind.PREEMPTED:
             return ApiError(503, outcome.message, type="server_error", code="preempted")
+        case FailureKind.UNSUPPORTED:
+            return ApiError(400, outcome.message)
     return ApiError(500, outcome.message, type="server_error")

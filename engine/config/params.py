@@ -36,10 +36,27 @@ class ContextParams:
 
 @dataclass(frozen=True)
 class SamplingParams:
+    """How a reply's tokens are drawn: llama.cpp's samplers, applied in llama-server's order
+    (logit bias, the JSON grammar, penalties, top-k, top-p, min-p, temperature). The
+    penalties count the prompt's last `penalty_last_n` tokens too, as llama-server's do."""
+
     temperature: float = 0.7
     top_k: int = 40
     top_p: float = 0.95
     min_p: float = 0.05
+    repeat_penalty: float = 1.0  # a repeated token's logit divided by it (1: off)
+    frequency_penalty: float = 0.0  # minus this times the token's count so far
+    presence_penalty: float = 0.0  # minus this once the token has appeared
+    penalty_last_n: int = 64  # how many of the latest tokens the penalties count
+    logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
+    # The JSON schema (its JSON text) the reply must follow, by a llama.cpp grammar; None: free.
+    json_schema: str | None = None
+
+    @property
+    def penalized(self) -> bool:
+        return (self.penalty_last_n != 0 and (self.repeat_penalty != 1.0
+                                              or self.frequency_penalty != 0.0
+                                              or self.presence_penalty != 0.0))
 
     @property
     def greedy(self) -> bool:

@@ -53,6 +53,11 @@ class ContextOverflowError(ArborError):
         )
 
 
+class UnsupportedRequest(ArborError):
+    """A reply asks for something this model or llama.cpp cannot do (a JSON schema no grammar
+    can express, a token id outside the vocabulary): the request's fault, nothing changed."""
+
+
 class DecodeError(ArborError):
     """llama.cpp refused to decode a batch (for example, no room left in the cache)."""
 

@@ -9,7 +9,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from enum import StrEnum
 
-from engine.core.errors import ArborError, ContextOverflowError, EngineCrashed, KernelsCrashed
+from engine.core.errors import (
+    ArborError,
+    ContextOverflowError,
+    EngineCrashed,
+    KernelsCrashed,
+    UnsupportedRequest,
+)
 from engine.core.tree import Node, Role
 
 LEFT_OUT = "left_out"  # reply meta: how many of the oldest messages it did not read
@@ -175,6 +181,7 @@ class Stopped:
 
 class FailureKind(StrEnum):
     ERROR = "error"  # a user-facing error (engine.core.errors)
+    UNSUPPORTED = "unsupported"  # the request asks what the model cannot do: nothing changed
     OVERFLOW = "overflow"  # the prompt did not fit the context
     INTERNAL = "internal"  # a bug in the engine; logged there
     ENGINE_DIED = "engine_died"  # the engine process ended under the reply
@@ -200,6 +207,8 @@ class ReplyFailure:
                 return EngineCrashed(self.message)
             case FailureKind.KERNELS:
                 return KernelsCrashed(self.message)
+            case FailureKind.UNSUPPORTED:
+                return UnsupportedRequest(self.message)
         return ArborError(self.message)
 
 

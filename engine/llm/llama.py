@@ -24,7 +24,7 @@ import numpy as np
 
 from engine.config.endpoints import parse_endpoint
 from engine.config.params import KV_TYPE_NAMES, ContextParams, FlashAttention, SamplingParams
-from engine.core.errors import DecodeError, ModelLoadError
+from engine.core.errors import DecodeError, ModelLoadError, UnsupportedRequest
 from engine.core.memory import MemoryKind
 from engine.llm import backends, rpc
 from engine.llm.cpu import physical_cores
@@ -632,12 +632,27 @@ assert _TOKEN_DATA.itemsize == ctypes.sizeof(lc.llama_token_data)
 
 
 class Sampler:
-    """A seeded llama.cpp sampler chain; temperature 0 is greedy."""
+    """A seeded llama.cpp sampler chain for one reply (engine.config.params.SamplingParams):
+    logit bias, penalties, then greedy (temperature 0) or top-k, top-p, min-p, temperature
+    and a seeded draw. `history`, the prompt's tokens, feeds the penalties as llama-server's
+    prompt does (never the grammar, which starts at the reply).
 
-    def __init__(self, params: SamplingParams, seed: int) -> None:
+    A JSON schema's grammar is applied as llama-server applies it (common/sampling.cpp): the
+    chain draws a token, the grammar checks that one; only when it refuses is the draw made
+    again from the logits the grammar allows. Checking every token of the vocabulary at
+    every step costs more than the decode on a small model."""
+
+    def __init__(self, params: SamplingParams, seed: int, *, model: LlamaModel | None = None,
+                 history: Sequence[int] = ()) -> None:
         chain_params = lc.llama_sampler_chain_default_params()
         chain_params.no_perf = True
         self._ptr = lc.llama_sampler_chain_init(chain_params)
+        self._grammar: Any = None
+        try:
+            self._add_constraints(params, model, history)
+        except BaseException:
+            self.close()
+            raise
         if params.greedy:
             lc.llama_sampler_chain_add(self._ptr, lc.llama_sampler_init_greedy())
             return
@@ -650,7 +665,41 @@ class Sampler:
         lc.llama_sampler_chain_add(self._ptr, lc.llama_sampler_init_temp(params.temperature))
         lc.llama_sampler_chain_add(self._ptr, lc.llama_sampler_init_dist(seed & 0xFFFFFFFF))
 
+    def _add_constraints(self, params: SamplingParams, model: LlamaModel | None,
+                         history: Sequence[int]) -> None:
+        wanted = params.logit_bias or params.json_schema is not None or params.penalized
+        if not wanted:
+            return
+        if model is None:
+            raise ValueError("logit bias, grammars and penalties need the model's vocabulary")
+        if params.json_schema is not None:
+            grammar = json_grammar(params.json_schema)
+            self._grammar = lc.llama_sampler_init_grammar(model.vocab, grammar.encode(),
+                                                          b"root")
+            if not self._grammar:
+                self._grammar = None
+                raise UnsupportedRequest("llama.cpp could not use the grammar made from this "
+                                         "JSON schema")
+        if params.logit_bias:
+            bad = [t for t, _ in params.logit_bias if not 0 <= t < model.n_vocab]
+            if bad:
+                raise UnsupportedRequest(f"token {bad[0]} is not in this model's vocabulary "
+                                         f"of {model.n_vocab:,}")
+            biases = (lc.llama_logit_bias * len(params.logit_bias))(
+                *(lc.llama_logit_bias(token=t, bias=b) for t, b in params.logit_bias))
+            lc.llama_sampler_chain_add(self._ptr, lc.llama_sampler_init_logit_bias(
+                model.n_vocab, len(params.logit_bias), biases))
+        if params.penalized:
+            penalties = lc.llama_sampler_init_penalties(
+                model.n_vocab, params.penalty_last_n, params.repeat_penalty,
+                params.frequency_penalty, params.presence_penalty)
+            for token in history[max(0, len(history) - params.penalty_last_n):]:
+                lc.llama_sampler_accept(penalties, token)
+            lc.llama_sampler_chain_add(self._ptr, penalties)
+
     def sample(self, ctx: LlamaContext) -> int:
+        if self._grammar is not None:
+            return self.sample_logits(ctx.logits())
         return int(lc.llama_sampler_sample(self._ptr, ctx.ptr, -1))
 
     def sample_logits(self, logits: np.ndarray) -> int:
@@ -661,6 +710,16 @@ class Sampler:
         n = int(logits.shape[0])
         if logits.ndim != 1 or n == 0:
             raise ValueError(f"logits of shape {logits.shape}")
+        token = self._draw(logits, grammar_first=False)
+        if self._grammar is not None and not self._allows(token):
+            token = self._draw(logits, grammar_first=True)
+        lc.llama_sampler_accept(self._ptr, token)
+        if self._grammar is not None:
+            lc.llama_sampler_accept(self._grammar, token)
+        return token
+
+    def _draw(self, logits: np.ndarray, *, grammar_first: bool) -> int:
+        n = int(logits.shape[0])
         candidates = np.empty(n, dtype=_TOKEN_DATA)
         candidates["id"] = np.arange(n, dtype=np.int32)
         candidates["logit"] = logits
@@ -669,17 +728,42 @@ class Sampler:
             data=candidates.ctypes.data_as(lc.llama_token_data_p), size=n, selected=-1,
             sorted=False,
         )
+        if grammar_first:
+            lc.llama_sampler_apply(self._grammar, ctypes.byref(array))
         lc.llama_sampler_apply(self._ptr, ctypes.byref(array))
         if not 0 <= array.selected < array.size:
             raise DecodeError(f"the sampler selected candidate {array.selected} of {array.size}")
-        token = int(array.data[array.selected].id)  # samplers may move `data`: read through it
-        lc.llama_sampler_accept(self._ptr, token)
-        return token
+        return int(array.data[array.selected].id)  # samplers may move `data`: read through it
+
+    def _allows(self, token: int) -> bool:
+        """Whether the grammar lets `token` come next (its state is not moved)."""
+        one = np.array([(token, 1.0, 0.0)], dtype=_TOKEN_DATA)
+        array = lc.llama_token_data_array(
+            data=one.ctypes.data_as(lc.llama_token_data_p), size=1, selected=-1, sorted=False)
+        lc.llama_sampler_apply(self._grammar, ctypes.byref(array))
+        return bool(np.isfinite(one["logit"][0]))
 
     def close(self) -> None:
         if self._ptr:
             lc.llama_sampler_free(self._ptr)
             self._ptr = None
+        if self._grammar:
+            lc.llama_sampler_free(self._grammar)
+            self._grammar = None
+
+
+def json_grammar(schema: str) -> str:
+    """The GBNF grammar of replies that are JSON following `schema` (its JSON text), by
+    llama-cpp-python's port of llama.cpp's converter; `{"type": "object"}` is any object."""
+    from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
+
+    if schema.strip() in ('{"type": "object"}', '{"type":"object"}'):
+        return JSON_GBNF  # OpenAI's json_object: an object, whatever it holds
+    try:
+        return json_schema_to_gbnf(schema)
+    except Exception as exc:  # the converter's own checks raise many kinds: all the schema's
+        raise UnsupportedRequest(f"this JSON schema cannot be turned into a grammar: "
+                                 f"{exc}") from None
 
 
 # --- the baseline: a plain app on llama-cpp-python's high-level API -------------------------

@@ -604,7 +604,11 @@ class Runtime:
         if self._stale and held is None:
             raise RuntimeError("generate() needs the logits of the prompt's last token")
         started = time.perf_counter()
-        sampler = Sampler(sampling, seed)
+        try:
+            sampler = Sampler(sampling, seed, model=self.model, history=self._live)
+        except BaseException:
+            self.flush_capture()  # the prepared prompt's checkpoint is kept all the same
+            raise
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         tokens: list[int] = []
         pieces: list[str] = []

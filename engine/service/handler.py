@@ -21,7 +21,7 @@ from pathlib import Path
 from engine.config.endpoints import parse_endpoint
 from engine.config.params import CheckpointOptions
 from engine.config.settings import Effect, Settings, effect_of
-from engine.core.errors import ArborError, Cancelled, ContextOverflowError
+from engine.core.errors import ArborError, Cancelled, ContextOverflowError, UnsupportedRequest
 from engine.core.results import (
     FailureKind,
     NodeView,
@@ -304,6 +304,8 @@ class EngineService:
         except ContextOverflowError as exc:
             return ReplyFailure(FailureKind.OVERFLOW, str(exc), (exc.prompt_tokens, exc.n_ctx),
                                 kept())
+        except UnsupportedRequest as exc:
+            return ReplyFailure(FailureKind.UNSUPPORTED, str(exc), rendered=kept())
         except ArborError as exc:
             return ReplyFailure(FailureKind.ERROR, str(exc), rendered=kept())
         except Exception as exc:  # a bug: report it, never leave the front end waiting

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import jsonschema
 import openai
 import pytest
 from openai import OpenAI
@@ -61,8 +62,9 @@ def serving(model: Path, db: Path, *, settings: Settings = SETTINGS, api_key: st
 
 def ask(client: OpenAI, messages: list[dict[str, str]], **extra: Any) -> Any:
     extra.setdefault("max_tokens", 12)
+    extra.setdefault("temperature", 0.0)
     return client.chat.completions.create(
-        model="", messages=messages, temperature=0.0, **extra)  # type: ignore[arg-type]
+        model="", messages=messages, **extra)  # type: ignore[arg-type]
 
 
 def chat(*turns: str) -> list[dict[str, str]]:
@@ -389,3 +391,60 @@ def test_a_key_with_non_ascii_characters_works_when_it_is_right(
 
         assert models(b"Bearer " + key.encode("utf-8")) == 200
         assert models(b"Bearer " + key.encode("latin-1", "replace")) == 401
+
+
+RIVER = {
+    "type": "object",
+    "properties": {"river": {"type": "string", "enum": ["Nile", "Amazon", "Danube"]},
+                   "long": {"type": "boolean"}},
+    "required": ["river", "long"],
+    "additionalProperties": False,
+}
+
+
+def test_samplers_and_json_output_are_applied_and_the_others_refused_by_name(
+    smollm2_path: Path, tmp_path: Path
+) -> None:
+    """What SillyTavern, Open WebUI and agent frameworks send: a logit bias that forces a
+    token changes the reply (so the samplers reach the engine), JSON output parses and
+    validates, streamed too; a sampler Arbor lacks, a broken schema and a token the model
+    does not have are 400s that leave no trace."""
+    db = tmp_path / "a.db"
+    settings = Settings(n_ctx=1024, max_tokens=120)
+    question = [{"role": "user", "content": "Name the longest river, and say if it is long."}]
+    with serving(smollm2_path, db, settings=settings) as (server, client):
+        plain = ask(client, question, max_tokens=12).choices[0].message.content
+        forced = ask(client, question, max_tokens=12, user="forced",
+                     extra_body={"logit_bias": {"300": 100}, "top_k": 5, "min_p": 0.1,
+                                 "repetition_penalty": 1.1, "frequency_penalty": 0.5,
+                                 "presence_penalty": 0.5}).choices[0].message.content
+        piece = forced[: len(forced) // 12]
+        assert piece and forced == piece * 12 and forced != plain
+        typed = ask(client, question, max_tokens=120, temperature=1.0, seed=4,
+                    response_format={"type": "json_schema",
+                                     "json_schema": {"name": "river", "schema": RIVER}})
+        assert typed.choices[0].finish_reason == "stop"
+        jsonschema.validate(json.loads(typed.choices[0].message.content), RIVER)
+        in_json = [{"role": "system", "content": "You answer in JSON."}, *question]
+        streamed = ask(client, in_json, max_tokens=300, stream=True,
+                       response_format={"type": "json_object"})
+        text = "".join(c.choices[0].delta.content or "" for c in streamed if c.choices)
+        assert isinstance(json.loads(text), dict)
+
+        url = server.url + "/chat/completions"
+        for extra, words in [({"typical_p": 0.5}, "'typical_p' is a sampler"),
+                             ({"mirostat": 2}, "'mirostat' is a sampler"),
+                             ({"response_format": {"type": "xml"}}, "json_schema"),
+                             ({"response_format": {"type": "json_schema", "json_schema": {
+                                 "name": "x", "schema": {"type": "nope"}}}},
+                              "invalid JSON schema"),
+                             ({"logit_bias": {"river": 1}}, "token ids"),
+                             ({"logit_bias": {"999999": 1}}, "not in this model's vocabulary"),
+                             ({"repetition_penalty": 0}, "above 0")]:
+            answer = httpx.post(url, json={"messages": question, "max_tokens": 4,
+                                           "user": "refused", **extra}, timeout=TIMEOUT)
+            assert answer.status_code == 400, (extra, answer.text[:200])
+            assert words in answer.json()["error"]["message"]
+    with Store(db) as store:  # one per user and system prompt; the refused left none
+        titles = [i.title for i in store.list()]
+        assert len(titles) == 3 and all(t.startswith("API: Name the longest") for t in titles)
