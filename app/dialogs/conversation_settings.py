@@ -26,6 +26,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.dialogs.samplers import SAMPLERS, editor_values, sampler_editor
 from engine.config.overrides import Overrides
 from engine.config.settings import Settings
 from engine.core.overflow import Overflow
@@ -55,6 +56,15 @@ class ConversationSettingsDialog(QDialog):
         self.top_p.setValue(effective.top_p)
         self.own_top_p = self._row(form, "Top-p", self.top_p, overrides.top_p is not None,
                                    f"{defaults.top_p:g}")
+        self.samplers = {}
+        self.own_samplers = {}
+        for field in SAMPLERS:
+            editor = sampler_editor(field, getattr(effective, field.name))
+            self.samplers[field.name] = editor
+            default = getattr(defaults, field.name)
+            self.own_samplers[field.name] = self._row(
+                form, field.label, editor, getattr(overrides, field.name) is not None,
+                field.off if field.off and default == field.low else f"{default:g}")
         self.max_tokens = QSpinBox(minimum=1, maximum=1 << 16, singleStep=128, suffix=" tokens")
         self.max_tokens.setValue(effective.max_tokens)
         self.own_max_tokens = self._row(form, "Longest reply", self.max_tokens,
@@ -143,7 +153,8 @@ class ConversationSettingsDialog(QDialog):
         self.seed.setEnabled(index == SEED_FIXED)
 
     def _use_defaults(self) -> None:
-        for box in (self.own_temperature, self.own_top_p, self.own_max_tokens):
+        for box in (self.own_temperature, self.own_top_p, self.own_max_tokens,
+                    *self.own_samplers.values()):
             box.setChecked(False)
         self.seed_mode.setCurrentIndex(SEED_DEFAULT)
         self.overflow.setCurrentIndex(0)
@@ -168,6 +179,8 @@ class ConversationSettingsDialog(QDialog):
         return Overrides(
             temperature=self.temperature.value() if self.own_temperature.isChecked() else None,
             top_p=self.top_p.value() if self.own_top_p.isChecked() else None,
+            **editor_values(self.samplers, {name: box.isChecked()
+                                            for name, box in self.own_samplers.items()}),
             max_tokens=self.max_tokens.value() if self.own_max_tokens.isChecked() else None,
             seed=self.seed.value() if mode == SEED_FIXED else None,
             random_seed=mode == SEED_RANDOM,

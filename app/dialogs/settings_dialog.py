@@ -28,6 +28,7 @@ from PySide6.QtWidgets import (
 
 from app.dialogs.conversation_settings import OVERFLOW_TIP
 from app.dialogs.hub_token import TokenBox
+from app.dialogs.samplers import SAMPLERS, editor_values, sampler_editor
 from engine.config.params import GPU_LAYERS_FIT, KV_TYPE_NAMES, FlashAttention
 from engine.config.settings import MAX_GPU_LAYERS, Effect, Settings, SettingsError, Theme, effect_of
 from engine.core.overflow import Overflow
@@ -86,6 +87,7 @@ class SettingsDialog(QDialog):
         self.temperature.setSpecialValueText("0 (greedy)")
         self.top_p = QDoubleSpinBox(decimals=2, minimum=0.01, maximum=1.0, singleStep=0.05)
         self.top_p.setValue(current.top_p)
+        self.samplers = {f.name: sampler_editor(f, getattr(current, f.name)) for f in SAMPLERS}
         self.seed = _spin(-1, 0x7FFFFFFF, -1 if current.seed is None else current.seed, "")
         self.seed.setSpecialValueText("a new one for every reply")
         self.max_tokens = _spin(1, 1 << 16, current.max_tokens, " tokens", step=128)
@@ -124,6 +126,8 @@ class SettingsDialog(QDialog):
         sampling = QFormLayout()
         sampling.addRow("Temperature", self.temperature)
         sampling.addRow("Top-p", self.top_p)
+        for field in SAMPLERS:
+            sampling.addRow(field.label, self.samplers[field.name])
         sampling.addRow("Seed", self.seed)
         sampling.addRow("Longest reply", self.max_tokens)
         sampling.addRow("When the context is full", self.overflow)
@@ -159,7 +163,7 @@ class SettingsDialog(QDialog):
         for spin in (self.n_ctx, self.n_gpu_layers, self.n_threads, self.ram_budget,
                      self.interval, self.seed, self.max_tokens, self.api_port):
             spin.valueChanged.connect(self._update)
-        for double in (self.temperature, self.top_p):
+        for double in (self.temperature, self.top_p, *self.samplers.values()):
             double.valueChanged.connect(self._update)
         for combo in (self.flash_attn, self.type_k, self.type_v, self.theme, self.overflow):
             combo.currentIndexChanged.connect(self._update)
@@ -185,6 +189,7 @@ class SettingsDialog(QDialog):
             checkpoint_interval=self.interval.value(),
             temperature=self.temperature.value(),
             top_p=self.top_p.value(),
+            **editor_values(self.samplers),
             seed=None if seed < 0 else seed,
             max_tokens=self.max_tokens.value(),
             overflow=self.overflow.currentData(),

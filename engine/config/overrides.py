@@ -15,7 +15,9 @@ from engine.config.settings import Settings, SettingsError
 from engine.core.overflow import Overflow
 
 OVERRIDES = "overrides"
-SAMPLING_FIELDS = ("temperature", "top_p", "seed", "max_tokens")
+SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "min_p", "repeat_penalty",
+                   "frequency_penalty", "presence_penalty", "seed", "max_tokens")
+_INT_FIELDS = ("top_k", "seed", "max_tokens")
 
 
 @dataclass(frozen=True)
@@ -25,6 +27,11 @@ class Overrides:
 
     temperature: float | None = None
     top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repeat_penalty: float | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
     seed: int | None = None
     random_seed: bool = False
     max_tokens: int | None = None
@@ -46,11 +53,11 @@ class Overrides:
                 replace(Settings(), **{name: value})  # Settings' own checks: ranges, types
             except (SettingsError, TypeError):
                 continue
-            if name in ("seed", "max_tokens") and not isinstance(value, int):
+            if name in _INT_FIELDS and not isinstance(value, int):
                 continue
-            if name in ("temperature", "top_p") and not isinstance(value, int | float):
+            if name not in _INT_FIELDS and not isinstance(value, int | float):
                 continue
-            kept[name] = float(value) if name in ("temperature", "top_p") else value
+            kept[name] = value if name in _INT_FIELDS else float(value)
         if raw.get("random_seed") is True:
             kept["random_seed"] = True
             kept.pop("seed", None)

@@ -98,6 +98,11 @@ class Settings:
     checkpoint_interval: int = DEFAULT_INTERVAL
     temperature: float = 0.7
     top_p: float = 0.95
+    top_k: int = 40  # 0: off
+    min_p: float = 0.05
+    repeat_penalty: float = 1.0  # 1: off (engine.config.params.SamplingParams)
+    frequency_penalty: float = 0.0
+    presence_penalty: float = 0.0
     seed: int | None = None  # None: a new seed for every reply
     max_tokens: int = 512
     overflow: Overflow = Overflow.STOP  # a branch longer than the context (engine.core.overflow)
@@ -150,7 +155,10 @@ class Settings:
         return replace(self, templates=templates)
 
     def sampling(self) -> SamplingParams:
-        return replace(SamplingParams(), temperature=self.temperature, top_p=self.top_p)
+        return replace(SamplingParams(), temperature=self.temperature, top_p=self.top_p,
+                       top_k=self.top_k, min_p=self.min_p, repeat_penalty=self.repeat_penalty,
+                       frequency_penalty=self.frequency_penalty,
+                       presence_penalty=self.presence_penalty)
 
     def ram_budget(self) -> int | None:
         return self.checkpoint_ram_mib << 20 if self.checkpoint_ram_mib else None
@@ -263,6 +271,15 @@ def _problems(s: Settings) -> list[str]:
         out.append("temperature must be between 0 and 5")
     if not 0.0 < s.top_p <= 1.0:
         out.append("top-p must be above 0 and at most 1")
+    if not 0 <= s.top_k <= 1 << 20:
+        out.append("top-k must be between 0 (off) and 1,048,576")
+    if not 0.0 <= s.min_p <= 1.0:
+        out.append("min-p must be between 0 and 1")
+    if not 0.0 < s.repeat_penalty <= 10.0:
+        out.append("the repetition penalty must be above 0 and at most 10 (1 is off)")
+    for name in ("frequency_penalty", "presence_penalty"):
+        if not -2.0 <= getattr(s, name) <= 2.0:
+            out.append(f"the {name.replace('_', ' ')} must be between -2 and 2")
     if s.seed is not None and not 0 <= s.seed <= 0x7FFFFFFF:
         out.append("the seed must be between 0 and 2,147,483,647")
     if not 1 <= s.max_tokens <= MAX_REPLY_TOKENS:

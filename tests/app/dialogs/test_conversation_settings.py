@@ -94,6 +94,35 @@ def test_the_dialog_shows_defaults_and_returns_only_what_the_user_made_its_own(
     assert dialog.chosen() == Overrides()
 
 
+def test_the_other_samplers_are_a_conversations_own_and_reach_its_sampling(
+    qtbot: QtBot
+) -> None:
+    """Top-k, min-p and the three penalties, as the API takes them: own values in the
+    dialog, saved, read back (invalid ones left out), applied over the defaults."""
+    defaults = Settings(top_k=40, repeat_penalty=1.0)
+    dialog = ConversationSettingsDialog(Overrides(min_p=0.2), defaults, None)
+    qtbot.addWidget(dialog)
+    assert dialog.own_samplers["min_p"].isChecked() and dialog.samplers["min_p"].value() == 0.2
+    assert not dialog.samplers["top_k"].isEnabled() and dialog.samplers["top_k"].value() == 40
+    dialog.own_samplers["repeat_penalty"].setChecked(True)
+    dialog.samplers["repeat_penalty"].setValue(1.15)
+    dialog.own_samplers["top_k"].setChecked(True)
+    dialog.samplers["top_k"].setValue(0)
+    dialog.own_samplers["presence_penalty"].setChecked(True)
+    dialog.samplers["presence_penalty"].setValue(-0.5)
+    mine = dialog.chosen()
+    assert mine == Overrides(top_k=0, min_p=0.2, repeat_penalty=1.15, presence_penalty=-0.5)
+    assert Overrides.read(mine.write({})) == mine
+    sampling = mine.apply(defaults).sampling()
+    assert (sampling.top_k, sampling.min_p, sampling.repeat_penalty, sampling.presence_penalty,
+            sampling.frequency_penalty) == (0, 0.2, 1.15, -0.5, 0.0)
+    assert sampling.penalized
+    assert "repeat penalty 1.15" in mine.describe()
+    bad = {"top_k": 2.5, "min_p": 3, "repeat_penalty": 0, "presence_penalty": 9,
+           "frequency_penalty": "x"}
+    assert Overrides.read({OVERRIDES: bad}) == Overrides()
+
+
 # --- in the window, on the fake engine ---------------------------------------------------
 
 
