@@ -171,7 +171,7 @@ class WindowEngine:
 
     def reply(self, path: Sequence[Node], *, max_tokens: int, seed: int, on_piece: PieceFn,
               cancel: CancelFn, sampling: SamplingParams, scope: str,
-              conversation_id: int) -> Outcome:
+              conversation_id: int, resume: Node | None = None) -> Outcome:
         if self._replies.model is None:  # died and restarted since `loaded`: reloading
             return ReplyFailure(FailureKind.ENGINE_DIED, "the engine process ended")
         request_id = next(self._ids)
@@ -179,7 +179,8 @@ class WindowEngine:
             self._running, self._preempted = request_id, False
         try:
             outcome = self._engine.run(generate_request(
-                request_id, [NodeView.of(node) for node in path], resume=None,
+                request_id, [NodeView.of(node) for node in path],
+                resume=NodeView.of(resume) if resume is not None else None,
                 max_tokens=max_tokens, seed=seed, sampling=sampling, scope=scope,
                 conversation_id=conversation_id,
             ), on_piece=on_piece, cancel=cancel, abandon=self._closing.is_set)

@@ -48,11 +48,12 @@ class OwnEngine:
 
     def reply(self, path: Sequence[Node], *, max_tokens: int, seed: int, on_piece: PieceFn,
               cancel: CancelFn, sampling: SamplingParams, scope: str,
-              conversation_id: int) -> Outcome:
+              conversation_id: int, resume: Node | None = None) -> Outcome:
         client = self._replier
         assert client is not None
         return client.reply(generate_request(
-            client.next_id(), [NodeView.of(node) for node in path], resume=None,
+            client.next_id(), [NodeView.of(node) for node in path],
+                resume=NodeView.of(resume) if resume is not None else None,
             max_tokens=max_tokens, seed=seed, sampling=sampling, scope=scope,
             conversation_id=conversation_id), on_piece=on_piece, cancel=cancel)
 

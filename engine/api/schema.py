@@ -73,7 +73,9 @@ class ChatRequest:
 
     model: str
     system: str
-    messages: tuple[Message, ...]  # after the system prompt; the last is the user's
+    # After the system prompt. The last is the user's, or the assistant's: a reply to go on
+    # with (a prefill, SillyTavern's "continue"), whose text the answer does not repeat.
+    messages: tuple[Message, ...]
     stream: bool = False
     include_usage: bool = False
     max_tokens: int | None = None
@@ -94,6 +96,11 @@ class ChatRequest:
         if self.top_p is not None:
             changes["top_p"] = self.top_p
         return replace(defaults, **changes)
+
+    @property
+    def prefill(self) -> bool:
+        """The request continues the assistant message it ends with."""
+        return self.messages[-1].role is Role.ASSISTANT
 
     @property
     def scope(self) -> str:
@@ -270,8 +277,13 @@ def _messages(raw: object) -> tuple[str, tuple[Message, ...]]:
         system = out.pop(0).text
     if any(m.role is Role.SYSTEM for m in out):
         raise bad("a system message may only come first", "messages")
-    if not out or out[-1].role is not Role.USER:
-        raise bad("the last message must be the user's: Arbor answers it", "messages")
+    if out and out[-1].role is Role.ASSISTANT and not out[-1].text:
+        out.pop()  # an empty reply to continue: a new reply
+    if not out or out[-1].role is Role.SYSTEM:
+        raise bad("the last message must be the user's (Arbor answers it) or the assistant's "
+                  "(Arbor continues it)", "messages")
+    if out[-1].role is Role.ASSISTANT and (len(out) < 2 or out[-2].role is not Role.USER):
+        raise bad("an assistant message to continue must follow a user message", "messages")
     return system, tuple(out)
 
 

@@ -95,13 +95,17 @@ class ApiTrees:
         tree = conversation.tree
         added: list[Node] = []
         node = tree.root
-        for message in request.messages:
-            match = _child(tree, node, message)
+        for index, message in enumerate(request.messages):
+            # A prefill is a reply of its own, as a swipe is: never one it happens to match.
+            prefill = request.prefill and index == len(request.messages) - 1
+            match = None if prefill else _child(tree, node, message)
             if match is None:
                 match = tree.add_child(node.id, message.role, message.text)
                 added.append(match)
             node = match
         created = held.id is None
+        job = ReplyJob(node.parent, resume=node.id) if request.prefill and node.parent is not \
+            None else ReplyJob(node.id)
 
         def keep(nodes: Sequence[Node], deleted: Sequence[int]) -> None:
             # Kept as it goes when streaming replies are (the app: a new tree too, so that its
@@ -110,7 +114,7 @@ class ApiTrees:
                 self._save(held, nodes, deleted)
 
         try:
-            run = ReplyRun.begin(conversation, ReplyJob(node.id), keep, with_nodes=added)
+            run = ReplyRun.begin(conversation, job, keep, with_nodes=added)
         except ArborError:  # the memory keeps what the store has, no more
             for new in added:
                 if new.id in tree:
@@ -119,8 +123,10 @@ class ApiTrees:
         run.conversation_id = held.id or 0
         placed = Placed(held, tuple(added), run, created)
         seed = conversation.reply_seed(base_seed)
+        resume = run.start.resume
         return Begun(placed, tuple(NodeView.of(n).to_node() for n in run.start.path), seed,
-                     run.conversation_id)
+                     run.conversation_id,
+                     NodeView.of(resume).to_node() if resume is not None else None)
 
     def finish(self, begun: Begun, outcome: Outcome, streamed: str, cut: str | None
                ) -> list[Node]:
@@ -128,6 +134,9 @@ class ApiTrees:
         run, held = placed.run, placed.tree
         if not isinstance(outcome, ReplyResult) and streamed:
             run.piece(streamed)  # what the client was sent (its pieces come in at the end)
+        if begun.resume is not None and not isinstance(outcome, ReplyResult) and not streamed:
+            self._take_back(placed)  # a prefill that said nothing: as if never asked
+            return []
         try:
             change = run.finish(outcome, amend=_cut if cut is not None else None)
             if run.taken_back:  # it said nothing: the request leaves its tree as it was

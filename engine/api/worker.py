@@ -86,6 +86,7 @@ class Begun:
     path: tuple[Node, ...]  # private copies: root .. the message to answer
     seed: int
     conversation_id: int  # the engine keys the path's checkpoints by it (0: none yet)
+    resume: Node | None = None  # a private copy of the reply a prefill goes on with
 
 
 class TreeSide(Protocol):
@@ -116,8 +117,9 @@ class EngineSide(Protocol):
 
     def reply(self, path: Sequence[Node], *, max_tokens: int, seed: int, on_piece: PieceFn,
               cancel: CancelFn, sampling: SamplingParams, scope: str,
-              conversation_id: int) -> Outcome:
-        """`scope`: the request's cache scope (ChatRequest.scope): the engine reuses only
+              conversation_id: int, resume: Node | None = None) -> Outcome:
+        """`resume`: a reply to the last node of `path` to go on with (its pieces are the new
+        text only). `scope`: the request's cache scope (ChatRequest.scope): the engine reuses only
         that scope's state, so what it reports as cached is the client's own. A reply the
         engine's owner took back fails as `FailureKind.PREEMPTED`: its client gets a 503, or,
         once its stream has begun, the stream ends with that error."""
@@ -283,14 +285,15 @@ class ApiWorker:
             begun.path, max_tokens=request.max_tokens or loaded.n_ctx, seed=begun.seed,
             on_piece=on_piece, sampling=sampling, scope=request.scope,
             conversation_id=begun.conversation_id,
-            cancel=lambda: job.cancelled.is_set() or stops.hit)
+            cancel=lambda: job.cancelled.is_set() or stops.hit, resume=begun.resume)
+        before = begun.resume.text if begun.resume is not None else ""  # not said again
         if isinstance(outcome, ReplyResult):
             if not stops.hit:
                 rest = stops.flush()
                 if rest:
                     job.deliver(Text(rest))
             else:  # cut at a stop sequence: the node keeps the text the client got
-                outcome = replace(outcome, text=stops.text,
+                outcome = replace(outcome, text=before + stops.text,
                                   report=replace(outcome.report, finish=FinishReason.STOP))
         try:
             warm = trees.finish(begun, outcome, "".join(streamed),
@@ -309,8 +312,11 @@ class ApiWorker:
         self.stats = replace(self.stats, requests=self.stats.requests + 1,
                              prompt_tokens=self.stats.prompt_tokens + report.prompt_tokens,
                              decoded=self.stats.decoded + report.decoded_tokens)
+        said = result.text
+        if before:
+            said = said[len(before):] if said.startswith(before) else "".join(streamed)
         return Answer(
-            text=result.text,
+            text=said,
             finish="length" if report.finish in (FinishReason.LENGTH, FinishReason.CONTEXT_FULL)
             else "stop",
             usage=Usage(report.prompt_tokens, report.generated_tokens, report.reused_tokens))

@@ -243,7 +243,8 @@ def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(
             ({**good, "messages": "hi"}, 400, "non-empty"),
             ({**good, "messages": [{"role": "tool", "content": "x"}]}, 400, "'tool'"),
             ({**good, "messages": [{"role": "user", "content": 5}]}, 400, "content"),
-            ({**good, "messages": [{"role": "assistant", "content": "x"}]}, 400, "last"),
+            ({**good, "messages": [{"role": "assistant", "content": "x"}]}, 400,
+             "must follow a user message"),
             ({**good, "max_tokens": "many"}, 400, "integer"),
             ({**good, "temperature": 9}, 400, "between"),
             ({**good, "n": 2}, 400, "'n' must be 1"),
@@ -448,3 +449,36 @@ def test_samplers_and_json_output_are_applied_and_the_others_refused_by_name(
     with Store(db) as store:  # one per user and system prompt; the refused left none
         titles = [i.title for i in store.list()]
         assert len(titles) == 3 and all(t.startswith("API: Name the longest") for t in titles)
+
+
+@pytest.mark.parametrize("kind", ["dense", "recurrent"])
+def test_an_assistant_message_last_is_continued_as_a_fresh_server_continues_it(
+    kind: str, tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    """SillyTavern's "continue": the request ends with the assistant's unfinished reply.
+    The answer is only the new text, the same as a server that never saw the conversation
+    gives, streamed or not; the tree keeps the continued reply as a reply of its own beside
+    the one it began as, and a next turn that quotes it whole finds it. One that fails says
+    nothing and leaves no trace."""
+    with serving(tiny_models[kind], tmp_path / "a.db") as (_server, client):
+        first = ask(client, chat(FIRST), max_tokens=16).choices[0].message.content
+        begun = first[: len(first) // 2]
+        ask_on = chat(FIRST, begun)
+        went_on = ask(client, ask_on, max_tokens=8)
+        assert went_on.usage.prompt_tokens_details.cached_tokens > 0  # the prompt was kept
+        more = went_on.choices[0].message.content
+        streamed = "".join(c.choices[0].delta.content or "" for c in
+                           ask(client, ask_on, max_tokens=8, stream=True))
+        assert streamed == more and more
+        with pytest.raises(openai.BadRequestError, match="vocabulary"):
+            ask(client, ask_on, extra_body={"logit_bias": {"99999999": 1}})
+        assert ask(client, chat(FIRST, begun + more, "Go on.")).choices[0].message.content
+    with serving(tiny_models[kind], tmp_path / "fresh.db") as (_server, fresh):
+        assert ask(fresh, ask_on, max_tokens=8).choices[0].message.content == more
+    with Store(tmp_path / "a.db") as store:
+        (info,) = store.list()
+        tree = store.load(info.id)
+        user = tree.node(tree.root.children[0])
+        replies = sorted(tree.node(c).text for c in user.children)
+        assert replies == sorted([first, begun + more, begun + more])  # none for the failure
+        assert [n.text for n in tree.messages()][-3:-1] == [begun + more, "Go on."]
