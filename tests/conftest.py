@@ -37,7 +37,8 @@ ALL_KINDS = list(MemoryKind)
 # (`pytestmark`); `_engine_processes_are_marked` below fails one that forgets.
 MARKER_FIXTURES: dict[str, frozenset[str]] = {
     # Loads a GGUF into llama.cpp (or writes one with it).
-    "model": frozenset({"smollm2_path", "gemma_path", "tiny_models", "quantized_models",
+    "model": frozenset({"smollm2_path", "gemma_path", "tiny_models", "tool_models",
+                        "quantized_models",
                         "make_runtime", "engine_calls"}),
     # A Qt application with widgets: anything through pytest-qt.
     "window": frozenset({"qtbot", "qapp", "qtmodeltester"}),
@@ -141,6 +142,25 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) ->
         kind.value: write_tiny_model(
             ModelKind(kind.value), out / f"tiny-{kind.value}.gguf", smollm2_path
         )
+        for kind in ALL_KINDS
+    }
+
+
+TOOLS_TEMPLATE = Path(__file__).parent / "fixtures" / "hermes_tools_template.jinja"
+
+
+@pytest.fixture(scope="session")
+def tool_models(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path
+                ) -> dict[str, Path]:
+    """The tiny models of every memory kind with a chat template that takes tools and
+    writes Hermes/Qwen calls (tests/fixtures/hermes_tools_template.jinja)."""
+    from engine.bench.random_models import ModelKind, write_tiny_model
+
+    out = tmp_path_factory.mktemp("tool-models")
+    template = TOOLS_TEMPLATE.read_text(encoding="utf-8")
+    return {
+        kind.value: write_tiny_model(ModelKind(kind.value), out / f"tools-{kind.value}.gguf",
+                                     smollm2_path, chat_template=template)
         for kind in ALL_KINDS
     }
 

@@ -24,7 +24,7 @@ PADDING = 10  # inside the bubble
 HEADER_GAP = 4  # between the header line and the text
 USER_WIDTH = 0.8  # user bubbles are at most this share of the width
 MIN_USER_WIDTH = 260
-ROLE_LABELS: dict[str, str] = {USER: "You", ASSISTANT: "Assistant"}
+ROLE_LABELS: dict[str, str] = {USER: "You", ASSISTANT: "Assistant", "tool": "Tool result"}
 DIVIDER_TEXT = "Earlier messages are outside the context"
 
 

@@ -43,6 +43,7 @@ from app.chat.code_blocks import fences
 from app.look.actions import spec
 from engine.core.reasoning import Reasoning, ReasoningState, is_opened, split_reasoning
 from engine.core.results import LEFT_OUT
+from engine.core.tools import shown_text
 from engine.core.tree import Node, NodeStatus, Role, Tree
 
 log = logging.getLogger(__name__)
@@ -137,7 +138,7 @@ def rows_from_tree(tree: Tree, checkpoints: Mapping[int, str] | None = None) -> 
             MessageRow(
                 node_id=node.id,
                 role=str(node.role.value),
-                text=node.text,
+                text=shown_text(node.text, node.meta),
                 status=str(node.status.value),
                 variant=siblings.index(node.id),
                 variants=len(siblings),

@@ -23,7 +23,8 @@ class Step(Enum):
     ACTIVE_LEAF = "active leaf"
 
 
-_SPEAKERS = {"system": "System prompt", "user": "You", "assistant": "Assistant"}
+_SPEAKERS = {"system": "System prompt", "user": "You", "assistant": "Assistant",
+             "tool": "Tool result"}
 _CHECKPOINTS = {"ram": "checkpoint in RAM", "disk": "checkpoint on disk"}
 
 

@@ -238,6 +238,7 @@ class _Style:
                 Role.SYSTEM.value: QBrush(base),
                 Role.USER.value: QBrush(user),
                 Role.ASSISTANT.value: QBrush(assistant),
+                Role.TOOL.value: QBrush(_mix(assistant, base, 0.5)),
             },
             outline=QPen(_mix(text, base, 0.25), 1.0),
             system_outline=QPen(text, 2.0),

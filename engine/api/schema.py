@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
+import re
 import time
 import uuid
 from dataclasses import dataclass, replace
@@ -24,6 +25,7 @@ from typing import Any
 import jsonschema
 
 from engine.config.params import SamplingParams
+from engine.core.tools import ToolCall
 from engine.core.tree import Role
 from engine.files.regular import FormatError
 from engine.files.strict_json import loads_strict
@@ -36,7 +38,9 @@ MAX_TOKENS_LIMIT = 1 << 20
 MAX_USER_CHARS = 1024
 API_SCOPE = "api:"  # + the sha256 of `user`: never "", the window's scope
 _ROLES = {"system": Role.SYSTEM, "developer": Role.SYSTEM, "user": Role.USER,
-          "assistant": Role.ASSISTANT}
+          "assistant": Role.ASSISTANT, "tool": Role.TOOL}
+MAX_TOOLS = 128
+_TOOL_NAME = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 
 
 @dataclass(frozen=True)
@@ -65,6 +69,8 @@ def bad(message: str, param: str | None = None) -> ApiError:
 class Message:
     role: Role
     text: str
+    tool_calls: tuple[ToolCall, ...] = ()  # an assistant message's calls
+    tool_call_id: str | None = None  # a tool message: the call it answers
 
 
 @dataclass(frozen=True)
@@ -87,6 +93,8 @@ class ChatRequest:
     # The other samplers the request sets (SamplingParams' field names), response_format's
     # schema among them: `sampling` applies them over the server's defaults.
     samplers: tuple[tuple[str, Any], ...] = ()
+    # The tools offered (OpenAI's list, as canonical JSON; "" none, or tool_choice "none").
+    tools: str = ""
 
     def sampling(self, defaults: SamplingParams) -> SamplingParams:
         """The sampling of this request: the server's defaults with what it sets."""
@@ -131,7 +139,7 @@ def parse_chat(raw: dict[str, Any]) -> ChatRequest:
     n = raw.get("n", 1)
     if n is not None and (_int(n, "n") != 1):
         raise bad("Arbor answers one choice per request: 'n' must be 1", "n")
-    for unsupported in ("tools", "functions", "logprobs", "top_logprobs"):
+    for unsupported in ("functions", "function_call", "logprobs", "top_logprobs"):
         if raw.get(unsupported) not in (None, False, []):
             raise bad(f"'{unsupported}' is not supported by Arbor's server", unsupported)
     for name, neutral in _OTHER_SAMPLERS.items():
@@ -146,6 +154,10 @@ def parse_chat(raw: dict[str, Any]) -> ChatRequest:
             raise bad("'stream_options' must be an object", "stream_options")
         include_usage = _bool(options.get("include_usage", False), "stream_options")
     system, messages = _messages(raw.get("messages"))
+    tools, tool_samplers = _tools(raw)
+    if messages[-1].role is Role.ASSISTANT and messages[-1].tool_calls:
+        raise bad("the last message is an assistant's tool calls: send their results as "
+                  "tool messages to be answered", "messages")
     limit = raw.get("max_completion_tokens", raw.get("max_tokens"))
     max_tokens = None
     if limit is not None:
@@ -165,7 +177,8 @@ def parse_chat(raw: dict[str, Any]) -> ChatRequest:
     return ChatRequest(model=model, system=system, messages=messages, stream=stream,
                        include_usage=include_usage, max_tokens=max_tokens,
                        temperature=temperature, top_p=top_p, seed=seed,
-                       stop=_stop(raw.get("stop")), user=user, samplers=_samplers(raw))
+                       stop=_stop(raw.get("stop")), user=user,
+                       samplers=_samplers(raw) + tool_samplers, tools=tools)
 
 
 # Samplers clients send that llama.cpp has but Arbor's chain does not apply, each with the
@@ -255,6 +268,92 @@ def _response_schema(raw: object) -> str | None:
     return json.dumps(schema, sort_keys=True)
 
 
+def _tools(raw: dict[str, Any]) -> tuple[str, tuple[tuple[str, Any], ...]]:
+    """The tools offered (canonical JSON, "" for none) and the sampling they ask for
+    (tool_choice, parallel_tool_calls)."""
+    tools = raw.get("tools")
+    choice = raw.get("tool_choice")
+    parallel = raw.get("parallel_tool_calls")
+    if tools in (None, []):
+        if choice not in (None, "none", "auto"):
+            raise bad("'tool_choice' asks for a tool, but the request offers none",
+                      "tool_choice")
+        return "", ()
+    if not isinstance(tools, list) or len(tools) > MAX_TOOLS:
+        raise bad(f"'tools' must be a list of at most {MAX_TOOLS} function tools", "tools")
+    offered: list[dict[str, Any]] = []
+    for index, tool in enumerate(tools):
+        function = tool.get("function") if isinstance(tool, dict) else None
+        if not isinstance(tool, dict) or tool.get("type") != "function" \
+                or not isinstance(function, dict):
+            raise bad(f"tools[{index}] must be {{'type': 'function', 'function': {{...}}}}",
+                      "tools")
+        name = function.get("name")
+        if not isinstance(name, str) or not _TOOL_NAME.fullmatch(name):
+            raise bad(f"tools[{index}] needs a name of letters, digits, '_', '.' or '-' "
+                      f"(at most 64)", "tools")
+        description = function.get("description", "")
+        if not isinstance(description, str):
+            raise bad(f"tools[{index}]: 'description' must be a string", "tools")
+        parameters = function.get("parameters")
+        entry: dict[str, Any] = {"name": name}
+        if description:
+            entry["description"] = description
+        if parameters is not None:
+            if not isinstance(parameters, dict):
+                raise bad(f"tools[{index}]: 'parameters' must be a JSON schema object", "tools")
+            try:
+                jsonschema.validators.validator_for(parameters).check_schema(parameters)
+            except jsonschema.SchemaError as exc:
+                raise bad(f"tools[{index}]: 'parameters' is not a valid JSON schema: "
+                          f"{exc.message}", "tools") from None
+            entry["parameters"] = parameters
+        offered.append({"type": "function", "function": entry})
+    names = [t["function"]["name"] for t in offered]
+    if len(set(names)) != len(names):
+        raise bad("two tools have the same name", "tools")
+    if choice is None or choice == "auto":
+        picked = "auto"
+    elif choice == "none":
+        return "", ()  # offered none: the model writes text
+    elif choice == "required":
+        picked = "required"
+    elif isinstance(choice, dict) and isinstance(choice.get("function"), dict) \
+            and choice["function"].get("name") in names:
+        picked = choice["function"]["name"]
+    else:
+        raise bad("'tool_choice' must be none, auto, required or "
+                  "{'type': 'function', 'function': {'name': one of the tools}}", "tool_choice")
+    samplers: list[tuple[str, Any]] = [("tool_choice", picked)]
+    if parallel is not None:
+        samplers.append(("parallel_tool_calls", _bool(parallel, "parallel_tool_calls")))
+    return json.dumps(offered, sort_keys=True, ensure_ascii=False), tuple(samplers)
+
+
+def _tool_calls(raw: object, where: str) -> tuple[ToolCall, ...]:
+    if raw is None or raw == []:
+        return ()
+    if not isinstance(raw, list):
+        raise bad(f"{where}: 'tool_calls' must be a list", "messages")
+    calls: list[ToolCall] = []
+    for item in raw:
+        function = item.get("function") if isinstance(item, dict) else None
+        if not isinstance(function, dict) or not isinstance(item.get("id"), str) \
+                or not isinstance(function.get("name"), str) \
+                or not isinstance(function.get("arguments"), str):
+            raise bad(f"{where}: each tool call needs an 'id' and a 'function' with a 'name' "
+                      f"and 'arguments' (a JSON string)", "messages")
+        try:
+            arguments = json.loads(function["arguments"])
+        except ValueError:
+            arguments = None
+        if not isinstance(arguments, dict):
+            raise bad(f"{where}: a tool call's 'arguments' must be a JSON object, as text",
+                      "messages")
+        calls.append(ToolCall(item["id"], function["name"], function["arguments"]))
+    return tuple(calls)
+
+
 def _messages(raw: object) -> tuple[str, tuple[Message, ...]]:
     if not isinstance(raw, list) or not raw:
         raise bad("'messages' must be a non-empty list", "messages")
@@ -269,22 +368,48 @@ def _messages(raw: object) -> tuple[str, tuple[Message, ...]]:
         role = _ROLES.get(name) if isinstance(name, str) else None
         if role is None:
             shown = name[:40] if isinstance(name, str) else type(name).__name__
-            raise bad(f"{where} has the role {shown!r}; Arbor knows system, developer, user "
-                      f"and assistant", "messages")
-        out.append(Message(role, _content(item.get("content"), where)))
+            raise bad(f"{where} has the role {shown!r}; Arbor knows system, developer, user, "
+                      f"assistant and tool", "messages")
+        if role is Role.ASSISTANT and item.get("tool_calls"):
+            content = item.get("content")
+            calls = _tool_calls(item.get("tool_calls"), where)
+            out.append(Message(role, "" if content is None else _content(content, where),
+                               tool_calls=calls))
+        elif role is Role.TOOL:
+            call_id = item.get("tool_call_id")
+            if not isinstance(call_id, str):
+                raise bad(f"{where}: a tool message needs the 'tool_call_id' it answers",
+                          "messages")
+            out.append(Message(role, _content(item.get("content"), where),
+                               tool_call_id=call_id))
+        else:
+            out.append(Message(role, _content(item.get("content"), where)))
     system = ""
     if out[0].role is Role.SYSTEM:
         system = out.pop(0).text
     if any(m.role is Role.SYSTEM for m in out):
         raise bad("a system message may only come first", "messages")
-    if out and out[-1].role is Role.ASSISTANT and not out[-1].text:
+    if out and out[-1].role is Role.ASSISTANT and not out[-1].text and not out[-1].tool_calls:
         out.pop()  # an empty reply to continue: a new reply
     if not out or out[-1].role is Role.SYSTEM:
-        raise bad("the last message must be the user's (Arbor answers it) or the assistant's "
-                  "(Arbor continues it)", "messages")
+        raise bad("the last message must be the user's or a tool's (Arbor answers it) or the "
+                  "assistant's (Arbor continues it)", "messages")
+    for index, message in enumerate(out):
+        if message.role is Role.TOOL and not (index and out[index - 1].role in (
+                Role.TOOL, Role.ASSISTANT) and _answers(out[:index], message.tool_call_id)):
+            raise bad("a tool message must follow the assistant message whose call it "
+                      "answers (by its 'tool_call_id')", "messages")
     if out[-1].role is Role.ASSISTANT and (len(out) < 2 or out[-2].role is not Role.USER):
         raise bad("an assistant message to continue must follow a user message", "messages")
     return system, tuple(out)
+
+
+def _answers(before: list[Message], call_id: str | None) -> bool:
+    """Whether the assistant message before these tool messages made the call `call_id`."""
+    for message in reversed(before):
+        if message.role is Role.ASSISTANT:
+            return any(call.id == call_id for call in message.tool_calls)
+    return False
 
 
 def _content(raw: object, where: str) -> str:
@@ -354,12 +479,22 @@ def completion_id() -> str:
     return f"chatcmpl-{uuid.uuid4().hex[:24]}"
 
 
-def completion(ident: str, model: str, text: str, finish: str, usage: Usage) -> dict[str, Any]:
+def completion(ident: str, model: str, text: str, finish: str, usage: Usage,
+               calls: tuple[ToolCall, ...] = ()) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": text}
+    if calls:
+        message["content"] = text or None
+        message["tool_calls"] = [call.to_openai() for call in calls]
     return {"id": ident, "object": "chat.completion", "created": int(time.time()),
             "model": model,
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": text},
+            "choices": [{"index": 0, "message": message,
                          "finish_reason": finish, "logprobs": None}],
             "usage": usage.body()}
+
+
+def call_deltas(calls: tuple[ToolCall, ...]) -> dict[str, Any]:
+    """A stream's delta with the calls, whole (OpenAI's shape: an index per call)."""
+    return {"tool_calls": [{"index": i, **call.to_openai()} for i, call in enumerate(calls)]}
 
 
 def chunk(ident: str, model: str, *, delta: dict[str, Any] | None = None,

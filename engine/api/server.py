@@ -38,6 +38,7 @@ from engine.api.schema import (
     MAX_BODY_BYTES,
     ApiError,
     ChatRequest,
+    call_deltas,
     chunk,
     completion,
     completion_id,
@@ -227,7 +228,8 @@ class _Api:
             return Response(status_code=499)
         if isinstance(item, ApiError):
             return _error(item)
-        return JSONResponse(completion(ident, model, item.text, item.finish, item.usage))
+        return JSONResponse(completion(ident, model, item.text, item.finish, item.usage,
+                                       item.calls))
 
 
 async def _stream(request: Request, job: Job, inbox: asyncio.Queue[Delivery],
@@ -245,6 +247,8 @@ async def _stream(request: Request, job: Job, inbox: asyncio.Queue[Delivery],
                 yield data(item.body())
                 break
             if isinstance(item, Answer):
+                if item.calls:
+                    yield data(chunk(ident, model, delta=call_deltas(item.calls)))
                 yield data(chunk(ident, model, finish=item.finish))
                 if chat.include_usage:
                     yield data(chunk(ident, model, usage=item.usage, choices=False))

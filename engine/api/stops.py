@@ -37,3 +37,40 @@ class StopScanner:
             return ""
         out, self._shown = self.text[self._shown:upto], upto
         return out
+
+
+class CallHoldback:
+    """With tools offered, the text of a tool call is not content: what may begin one is
+    held back (any known family's marker, or a reply that opens with a JSON object, as Llama
+    3's calls are written), and once one begins nothing more is streamed as text; the reply's
+    calls come whole when it ends (engine.core.tools parses them where the template is
+    known)."""
+
+    def __init__(self, markers: Sequence[str]) -> None:
+        self.markers = tuple(markers)
+        self._hold = max((len(m) for m in self.markers), default=1) - 1
+        self.text = ""
+        self.shown = ""  # what was passed on as content
+        self.calling = False
+
+    def feed(self, piece: str) -> str:
+        if self.calling:
+            return ""
+        self.text += piece
+        if self.text.lstrip().startswith("{"):
+            self.calling = True
+            return ""
+        found = [i for i in (self.text.find(m) for m in self.markers) if i >= 0]
+        if found:
+            self.calling = True
+            return self._release(min(found))
+        if not self.text.strip():
+            return ""  # a reply may still open with a JSON call
+        return self._release(len(self.text) - self._hold)
+
+    def _release(self, upto: int) -> str:
+        if upto <= len(self.shown):
+            return ""
+        out = self.text[len(self.shown):upto]
+        self.shown += out
+        return out

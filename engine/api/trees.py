@@ -20,6 +20,7 @@ The trees are ordinary conversations in the store ("API: <first message>" in the
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from engine.core.conversation import Conversation, ReplyJob
 from engine.core.errors import ArborError
 from engine.core.reasoning import OPENED, is_opened
 from engine.core.results import FinishReason, NodeView, Outcome, ReplyResult
+from engine.core.tools import TOOL_CALL_ID, TOOL_CALLS, TOOLS, calls_of
 from engine.core.tree import Node, NodeStatus, Tree
 from engine.service.lifetime import ReplyRun
 from engine.storage.store import Store
@@ -40,10 +42,12 @@ log = logging.getLogger(__name__)
 TITLE_CHARS = 60
 
 
-def tree_key(model: str, system: str, first: str, scope: str) -> str:
-    """The name under which a request's tree is kept (in the conversation's settings)."""
+def tree_key(model: str, system: str, first: str, scope: str, tools: str = "") -> str:
+    """The name under which a request's tree is kept (in the conversation's settings). The
+    tools offered are part of the prompt (the template renders them first), so a request
+    offering others is another conversation."""
     digest = hashlib.sha256()
-    for part in (scope, model, system, first):
+    for part in (scope, model, system, first, *((tools,) if tools else ())):
         digest.update(part.encode("utf-8", "surrogatepass"))
         digest.update(b"\0")
     return digest.hexdigest()
@@ -90,7 +94,8 @@ class ApiTrees:
         self._open: dict[str, ApiTree] = {}
 
     def begin(self, request: ChatRequest, model: str, base_seed: int | None) -> Begun:
-        held = self._tree(model, request.system, request.messages[0].text, request.scope)
+        held = self._tree(model, request.system, request.messages[0].text, request.scope,
+                          request.tools)
         conversation = held.conversation
         tree = conversation.tree
         added: list[Node] = []
@@ -101,6 +106,10 @@ class ApiTrees:
             match = None if prefill else _child(tree, node, message)
             if match is None:
                 match = tree.add_child(node.id, message.role, message.text)
+                if message.tool_calls:
+                    match.meta[TOOL_CALLS] = [call.to_meta() for call in message.tool_calls]
+                if message.tool_call_id is not None:
+                    match.meta[TOOL_CALL_ID] = message.tool_call_id
                 added.append(match)
             node = match
         created = held.id is None
@@ -178,8 +187,8 @@ class ApiTrees:
             self.store.save(held.id, held.conversation.tree, nodes, deleted=deleted)
         self._saved(held.id)
 
-    def _tree(self, model: str, system: str, first: str, scope: str) -> ApiTree:
-        key = tree_key(model, system, first, scope)
+    def _tree(self, model: str, system: str, first: str, scope: str, tools: str) -> ApiTree:
+        key = tree_key(model, system, first, scope, tools)
         held = self._open.get(key)
         if held is not None and (held.id is None or self.store.exists(held.id)):
             if held.id is not None and (shared := self._opened(held.id)) is not None:
@@ -189,8 +198,13 @@ class ApiTrees:
         found = self.store.find_api_tree(key)
         conversation = self._opened(found) if found is not None else None
         if conversation is None:
-            conversation = Conversation(self.store.load(found) if found is not None
-                                        else Tree(system))
+            if found is not None:
+                conversation = Conversation(self.store.load(found))
+            else:
+                tree = Tree(system)
+                if tools:
+                    tree.root.meta[TOOLS] = json.loads(tools)
+                conversation = Conversation(tree)
         held = ApiTree(key, title, conversation, found)
         self._open[key] = held
         return held
@@ -206,6 +220,16 @@ class LocalTrees(ApiTrees):
 
     def close(self) -> None:
         self.store.close()
+
+
+def _same_tools(node: Node, message: Message) -> bool:
+    """The node makes the message's calls (ids aside: a client may number them its own way)
+    or answers the same call."""
+    calls = calls_of(node.meta)
+    if len(calls) != len(message.tool_calls) or not all(
+            mine.same_call(theirs) for mine, theirs in zip(calls, message.tool_calls, strict=True)):
+        return False
+    return node.meta.get(TOOL_CALL_ID) == message.tool_call_id
 
 
 def _cut(reply: Node) -> None:
@@ -236,9 +260,12 @@ def _child(tree: Tree, parent: Node, message: Message) -> Node | None:
     text as it stands."""
     candidates = [tree.node(c) for c in parent.children]
     matching = [n for n in candidates if n.role is message.role and n.text == message.text
-                and n.status is not NodeStatus.STREAMING]
+                and n.status is not NodeStatus.STREAMING and _same_tools(n, message)]
     if not matching:
         return None
+    if message.tool_calls:  # the reply that made these very calls, when there is one
+        ids = [call.id for call in message.tool_calls]
+        matching = [n for n in matching if [c.id for c in calls_of(n.meta)] == ids] or matching
     for node in matching:
         if node.id == parent.last_active_child:
             return node

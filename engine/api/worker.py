@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from engine.api.schema import ApiError, ChatRequest, Usage
-from engine.api.stops import StopScanner
+from engine.api.stops import CallHoldback, StopScanner
 from engine.config.params import SamplingParams
 from engine.core.errors import ArborError, Cancelled, EngineCrashed
 from engine.core.results import (
@@ -33,6 +33,7 @@ from engine.core.results import (
     ReplyResult,
     Stopped,
 )
+from engine.core.tools import FORMATS, ToolCall, calls_of
 from engine.core.tree import Node
 from engine.llm.reply import CancelFn, PieceFn
 from engine.service.protocol import ModelLoaded
@@ -53,8 +54,9 @@ class Answer:
     """A finished reply as the API answers it."""
 
     text: str
-    finish: str  # OpenAI's finish_reason: "stop" or "length"
+    finish: str  # OpenAI's finish_reason: "stop", "length" or "tool_calls"
     usage: Usage
+    calls: tuple[ToolCall, ...] = ()
 
 
 Delivery = Text | Answer | ApiError
@@ -272,13 +274,18 @@ class ApiWorker:
         except ArborError as exc:  # the store: locked past its timeout, a full disk
             raise _not_saved(exc) from None
         stops = StopScanner(request.stop)
+        held = CallHoldback([f.marker for f in FORMATS]) if request.tools else None
         streamed: list[str] = []
+
+        def show(text: str) -> None:
+            if held is not None:
+                text = held.feed(text)
+            if text:
+                job.deliver(Text(text))
 
         def on_piece(piece: str) -> None:
             streamed.append(piece)
-            shown = stops.feed(piece)
-            if shown:
-                job.deliver(Text(shown))
+            show(stops.feed(piece))
 
         sampling = request.sampling(engine.sampling())
         outcome = engine.reply(
@@ -289,9 +296,7 @@ class ApiWorker:
         before = begun.resume.text if begun.resume is not None else ""  # not said again
         if isinstance(outcome, ReplyResult):
             if not stops.hit:
-                rest = stops.flush()
-                if rest:
-                    job.deliver(Text(rest))
+                show(stops.flush())
             else:  # cut at a stop sequence: the node keeps the text the client got
                 outcome = replace(outcome, text=before + stops.text,
                                   report=replace(outcome.report, finish=FinishReason.STOP))
@@ -315,10 +320,14 @@ class ApiWorker:
         said = result.text
         if before:
             said = said[len(before):] if said.startswith(before) else "".join(streamed)
+        calls = calls_of(dict(result.meta))
+        if held is not None and said.startswith(held.shown) and len(said) > len(held.shown):
+            job.deliver(Text(said[len(held.shown):]))  # held back, and not a call after all
+        finish = ("tool_calls" if calls else "length"
+                  if report.finish in (FinishReason.LENGTH, FinishReason.CONTEXT_FULL)
+                  else "stop")
         return Answer(
-            text=said,
-            finish="length" if report.finish in (FinishReason.LENGTH, FinishReason.CONTEXT_FULL)
-            else "stop",
+            text=said, finish=finish, calls=calls,
             usage=Usage(report.prompt_tokens, report.generated_tokens, report.reused_tokens))
 
     def _warm(self) -> None:

@@ -51,6 +51,12 @@ class SamplingParams:
     logit_bias: tuple[tuple[int, float], ...] = ()  # (token id, added to its logit)
     # The JSON schema (its JSON text) the reply must follow, by a llama.cpp grammar; None: free.
     json_schema: str | None = None
+    json_around: tuple[str, str] = ("", "")  # literal text the JSON comes between
+    # When the conversation offers tools (engine.core.tools): "auto" (the model may call
+    # them), "required" (it must call one) or a tool's name (it must call that one); a
+    # forced call is made by a grammar of the tools' schemas in the model's call format.
+    tool_choice: str = "auto"
+    parallel_tool_calls: bool = True  # False: only the reply's first call counts
 
     @property
     def penalized(self) -> bool:

@@ -14,12 +14,13 @@ renders alike either way keeps what the model read and wrote.
 
 from __future__ import annotations
 
+import json
 import logging
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Protocol
+from typing import Any, Protocol
 
 import jinja2
 from jinja2.sandbox import ImmutableSandboxedEnvironment
@@ -27,6 +28,15 @@ from jinja2.sandbox import ImmutableSandboxedEnvironment
 from engine.core.errors import ArborError, Cancelled
 from engine.core.prefix import common_prefix
 from engine.core.results import CancelFn
+from engine.core.tools import (
+    TOOL_CALL_ID,
+    TOOL_CALLS,
+    TOOLS,
+    ToolFormat,
+    calls_of,
+    tool_format,
+    tools_of,
+)
 from engine.core.tree import Node, Role
 
 log = logging.getLogger(__name__)
@@ -57,6 +67,7 @@ class ChatTemplate:
             trim_blocks=True, lstrip_blocks=True, undefined=jinja2.ChainableUndefined
         )
         env.globals["raise_exception"] = _raise_template_exception
+        env.filters["tojson"] = _tojson  # as Hugging Face's: no HTML escapes, keys in order
         env.globals["strftime_now"] = lambda fmt: datetime.now().strftime(fmt)
         try:
             self._template = env.from_string(source)
@@ -66,13 +77,16 @@ class ChatTemplate:
         self._bos_text = bos_text
         self._eos_text = eos_text
 
-    def render(self, messages: Sequence[dict[str, str]], *, add_generation_prompt: bool) -> str:
+    def render(self, messages: Sequence[dict[str, Any]], *, add_generation_prompt: bool,
+               tools: list[dict[str, Any]] | None = None) -> str:
+        extra = {"tools": tools} if tools else {}
         try:
             return self._template.render(
                 messages=list(messages),
                 add_generation_prompt=add_generation_prompt,
                 bos_token=self._bos_text,
                 eos_token=self._eos_text,
+                **extra,
             )
         except TemplateError:
             raise
@@ -83,8 +97,13 @@ class ChatTemplate:
 class Template(Protocol):
     """Renders a list of messages to the prompt text."""
 
+    @property
+    def source(self) -> str | None:
+        """The Jinja source; None for llama.cpp's built-in templates."""
+
     def render(
-        self, messages: Sequence[dict[str, str]], *, add_generation_prompt: bool
+        self, messages: Sequence[dict[str, Any]], *, add_generation_prompt: bool,
+        tools: list[dict[str, Any]] | None = None,
     ) -> str: ...
 
 
@@ -94,15 +113,28 @@ ApplyFn = Callable[..., str]  # (name, messages, *, add_generation_prompt) -> te
 class BuiltinTemplate:
     """One of llama.cpp's built-in templates, by name (see `engine.core.templates`)."""
 
+    source = None
+
     def __init__(self, name: str, apply: ApplyFn) -> None:
         self.name = name
         self._apply = apply
 
-    def render(self, messages: Sequence[dict[str, str]], *, add_generation_prompt: bool) -> str:
+    def render(self, messages: Sequence[dict[str, Any]], *, add_generation_prompt: bool,
+               tools: list[dict[str, Any]] | None = None) -> str:
+        if tools or any(m.get("tool_calls") or m["role"] == "tool" for m in messages):
+            raise TemplateError(f"llama.cpp's built-in {self.name} template takes no tools")
         try:
             return self._apply(self.name, messages, add_generation_prompt=add_generation_prompt)
         except ValueError as exc:
             raise TemplateError(str(exc)) from exc
+
+
+def _tojson(value: object, indent: int | None = None, ensure_ascii: bool = False,
+            separators: tuple[str, str] | None = None, sort_keys: bool = False) -> str:
+    """Jinja's `tojson` as transformers defines it for chat templates (Jinja's own escapes
+    `<`, `>`, `&` and `'` for HTML and sorts keys: not what the model was trained on)."""
+    return json.dumps(value, indent=indent, ensure_ascii=ensure_ascii, separators=separators,
+                      sort_keys=sort_keys)
 
 
 def _raise_template_exception(message: str) -> None:
@@ -125,9 +157,14 @@ class PromptBuilder:
         self._tok = tokenizer
         # The last few renderings while `ensure_tokens` runs: a node's "before" is the
         # previous node's "after". Only a few are kept: each may be as long as the path.
-        self._renders: OrderedDict[tuple[tuple[str, str], ...], str] | None = None
+        self._renders: OrderedDict[tuple[str, ...], str] | None = None
         self._reply_frame = self._find_reply_frame()
         self._reply_opening = self._find_reply_opening()
+
+    def tool_format(self) -> ToolFormat:
+        """How this template's model writes tool calls (raises ToolSupport when it takes
+        no tools)."""
+        return tool_format(self._template.source)
 
     # --- node tokens -------------------------------------------------------------------
 
@@ -312,24 +349,24 @@ class PromptBuilder:
 
     def generation_prompt_text(self, path: Sequence[Node]) -> str:
         """What the template adds after `path` for the reply to start."""
-        messages = _messages(path)
-        with_prompt = self._template.render(messages, add_generation_prompt=True)
-        without = self._template.render(messages, add_generation_prompt=False)
+        messages, tools = _messages(path), _tools(path)
+        with_prompt = self._template.render(messages, add_generation_prompt=True, tools=tools)
+        without = self._template.render(messages, add_generation_prompt=False, tools=tools)
         if not with_prompt.startswith(without):
             log.warning("chat template: generation prompt is not a suffix; using the difference")
         return with_prompt[common_prefix(with_prompt, without):]
 
     def _render_messages(self, path: Sequence[Node]) -> str:
-        messages = _messages(path)
+        messages, tools = _messages(path), _tools(path)
         if not messages:
             return ""
         if self._renders is None:
-            return self._template.render(messages, add_generation_prompt=False)
-        key = tuple((m["role"], m["content"]) for m in messages)
+            return self._template.render(messages, add_generation_prompt=False, tools=tools)
+        key = (json.dumps(tools), *(json.dumps(m, sort_keys=True) for m in messages))
         text = self._renders.get(key)
         if text is None:
-            text = self._renders[key] = self._template.render(messages,
-                                                              add_generation_prompt=False)
+            text = self._renders[key] = self._template.render(
+                messages, add_generation_prompt=False, tools=tools)
             while len(self._renders) > _KEPT_RENDERS:
                 self._renders.popitem(last=False)
         else:
@@ -415,6 +452,8 @@ class _Tiling:
         if last - head < 2:
             return None
         check()
+        if any(_has_tools(node) for node in path[:end]):
+            return None  # frames are per role and text; tool calls and results are not that
         full = builder._template.render(_messages(path[:end]), add_generation_prompt=False)
         start = builder._render_messages(path[:head])
         if not full.startswith(start):
@@ -501,7 +540,7 @@ def _learn_frame(builder: PromptBuilder, path: Sequence[Node], role: Role) -> _F
     try:
         probe = builder._template.render(
             [*_messages(path), {"role": role.value, "content": _FRAME}],
-            add_generation_prompt=False)
+            add_generation_prompt=False, tools=_tools(path))
     except TemplateError:
         return None
     piece = probe[len(base) if probe.startswith(base) else _rewritten_end(base, probe):]
@@ -519,7 +558,8 @@ def _learn_reply_later(builder: PromptBuilder, path: Sequence[Node], probe: str
     try:
         later = builder._template.render(
             [*_messages(path), {"role": "assistant", "content": _FRAME},
-             {"role": "user", "content": _SENTINEL}], add_generation_prompt=False)
+             {"role": "user", "content": _SENTINEL}], add_generation_prompt=False,
+            tools=_tools(path))
     except TemplateError:
         return None
     piece = later[len(base):]
@@ -540,13 +580,29 @@ def _later_text(alone: str, later: str) -> str:
     return later[:end]
 
 
-def _messages(path: Sequence[Node]) -> list[dict[str, str]]:
-    out: list[dict[str, str]] = []
+def _messages(path: Sequence[Node]) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
     for node in path:
         if node.role is Role.SYSTEM and not node.text:
             continue  # no system prompt: let the template apply its own default
-        out.append({"role": node.role.value, "content": node.text})
+        message: dict[str, Any] = {"role": node.role.value, "content": node.text}
+        calls = calls_of(node.meta) if node.role is Role.ASSISTANT else ()
+        if calls:
+            message["tool_calls"] = [call.to_template() for call in calls]
+        if node.role is Role.TOOL:
+            call_id = node.meta.get(TOOL_CALL_ID)
+            message["tool_call_id"] = call_id if isinstance(call_id, str) else ""
+        out.append(message)
     return out
+
+
+def _tools(path: Sequence[Node]) -> list[dict[str, Any]] | None:
+    """The tools the conversation offers (its root's), for the template."""
+    return tools_of(path[0].meta) if path and path[0].role is Role.SYSTEM else None
+
+
+def _has_tools(node: Node) -> bool:
+    return node.role is Role.TOOL or any(key in node.meta for key in (TOOLS, TOOL_CALLS))
 
 
 def _rewritten_end(before: str, after: str) -> int:

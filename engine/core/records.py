@@ -153,7 +153,7 @@ def to_tree(record: ConversationRecord) -> Tree:
     root = record.root
     mapping = {root.id: 0}
     built = [Node(id=0, parent=None, role=Role.SYSTEM, text=root.text, created=root.created,
-                  tokens=root.tokens)]
+                  tokens=root.tokens, meta=dict(root.meta))]  # the tools offered, if any
     stack = [root]
     while stack:
         parent = stack.pop()

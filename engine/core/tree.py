@@ -19,6 +19,7 @@ class Role(StrEnum):
     SYSTEM = "system"
     USER = "user"
     ASSISTANT = "assistant"
+    TOOL = "tool"  # a tool's result, answering a call of the reply before it (engine.core.tools)
 
 
 class NodeStatus(StrEnum):

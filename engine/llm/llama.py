@@ -673,9 +673,10 @@ class Sampler:
         if model is None:
             raise ValueError("logit bias, grammars and penalties need the model's vocabulary")
         if params.json_schema is not None:
-            grammar = json_grammar(params.json_schema)
+            grammar = json_grammar(params.json_schema, params.json_around)
+            root = "root" if params.json_around == ("", "") else WRAPPED_ROOT
             self._grammar = lc.llama_sampler_init_grammar(model.vocab, grammar.encode(),
-                                                          b"root")
+                                                          root.encode())
             if not self._grammar:
                 self._grammar = None
                 raise UnsupportedRequest("llama.cpp could not use the grammar made from this "
@@ -752,18 +753,34 @@ class Sampler:
             self._grammar = None
 
 
-def json_grammar(schema: str) -> str:
+def json_grammar(schema: str, around: tuple[str, str] = ("", "")) -> str:
     """The GBNF grammar of replies that are JSON following `schema` (its JSON text), by
-    llama-cpp-python's port of llama.cpp's converter; `{"type": "object"}` is any object."""
+    llama-cpp-python's port of llama.cpp's converter; `{"type": "object"}` is any object.
+    `around`: literal text before and after the JSON (a tool call's markers)."""
     from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
 
     if schema.strip() in ('{"type": "object"}', '{"type":"object"}'):
-        return JSON_GBNF  # OpenAI's json_object: an object, whatever it holds
-    try:
-        return json_schema_to_gbnf(schema)
-    except Exception as exc:  # the converter's own checks raise many kinds: all the schema's
-        raise UnsupportedRequest(f"this JSON schema cannot be turned into a grammar: "
-                                 f"{exc}") from None
+        grammar = JSON_GBNF  # OpenAI's json_object: an object, whatever it holds
+    else:
+        try:
+            grammar = json_schema_to_gbnf(schema)
+        except Exception as exc:  # the converter raises many kinds: all the schema's fault
+            raise UnsupportedRequest(f"this JSON schema cannot be turned into a grammar: "
+                                     f"{exc}") from None
+    if around == ("", ""):
+        return grammar
+    # A rule of its own around the JSON's root, which the sampler starts from (WRAPPED_ROOT).
+    return (f"{WRAPPED_ROOT} ::= {_gbnf_literal(around[0])} root {_gbnf_literal(around[1])}\n"
+            f"{grammar}")
+
+
+WRAPPED_ROOT = "arbor-wrapped"
+
+
+def _gbnf_literal(text: str) -> str:
+    escaped = (text.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+               .replace("\t", "\\t"))
+    return f'"{escaped}"'
 
 
 # --- the baseline: a plain app on llama-cpp-python's high-level API -------------------------

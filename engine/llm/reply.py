@@ -11,11 +11,13 @@ types can cross a process boundary and be read where no model is loaded.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from engine.config.params import SamplingParams
+from engine.core.errors import UnsupportedRequest
 from engine.core.overflow import Overflow, read_part
 from engine.core.results import (
     LEFT_OUT,
@@ -28,12 +30,55 @@ from engine.core.results import (
     ReplyReport,
     ReplyResult,
 )
+from engine.core.tools import (
+    TOOL_CALLS,
+    ToolCall,
+    ToolFormat,
+    ToolSupport,
+    call_schema,
+    tool_names,
+    tools_of,
+    valid_call,
+)
 from engine.core.tree import Node
 
 if TYPE_CHECKING:
     from engine.llm.generator import Generator
 
 
+
+
+def _tool_format(generator: Generator) -> ToolFormat:
+    try:
+        return generator.prompts.tool_format()
+    except ToolSupport as exc:
+        raise UnsupportedRequest(str(exc)) from None
+
+
+def _forced_call(sampling: SamplingParams, tools: list[dict[str, Any]], calling: ToolFormat
+                 ) -> SamplingParams:
+    """`sampling` with the grammar of the call `tool_choice` forces, if it forces one."""
+    choice = sampling.tool_choice
+    if choice == "auto":
+        return sampling
+    if choice != "required" and choice not in tool_names(tools):
+        raise UnsupportedRequest(f"tool_choice names {choice!r}, which is not among the tools")
+    return replace(sampling, json_schema=json.dumps(call_schema(tools, choice)),
+                   json_around=(calling.prefix, calling.suffix))
+
+
+def _take_calls(text: str, meta: dict[str, Any], tools: list[dict[str, Any]],
+                calling: ToolFormat, sampling: SamplingParams) -> str:
+    """The reply's text without its tool calls, which go into `meta` (TOOL_CALLS); the
+    reply keeps the tokens the model wrote them in."""
+    said, calls = calling.parse(text, lambda name, arguments: valid_call(tools, name,
+                                                                         arguments))
+    if not calls:
+        return text
+    if not sampling.parallel_tool_calls:
+        calls = calls[:1]
+    meta[TOOL_CALLS] = [ToolCall.new(name, arguments).to_meta() for name, arguments in calls]
+    return said
 
 
 def rendered(path: Sequence[Node], untokenized: set[int]) -> Rendered:
@@ -71,6 +116,11 @@ def run_reply(
     (the finished reply's meta says so too: `engine.core.reasoning.OPENED`).
     `scope`: whose request it is; only that scope's cached state is reused.
     """
+    tools = tools_of(path[0].meta) if path else None
+    calling = None
+    if tools is not None:
+        calling = _tool_format(generator)
+        sampling = _forced_call(sampling or generator.sampling, tools, calling)
     untokenized = {node.id for node in path if node.tokens is None}
     cut = generator.fit(path, resume=resume, max_tokens=max_tokens, overflow=overflow,
                         cancel=cancel)
@@ -91,6 +141,8 @@ def run_reply(
                      generated_tokens=len(generation.tokens), decode_ms=generation.decode_ms,
                      finish=generation.finish, dropped=cut.dropped)
     meta = finished.meta()
+    if calling is not None and tools is not None:
+        text = _take_calls(text, meta, tools, calling, sampling or generator.sampling)
     if cut.dropped:
         meta[LEFT_OUT] = cut.dropped  # a count, not ids: imports renumber nodes
     return ReplyResult(text, finished.tokens, tuple(meta.items()),

@@ -108,8 +108,31 @@ def _migration_2(db: sqlite3.Connection) -> None:
     db.execute("ALTER TABLE conversations ADD COLUMN pending TEXT")
 
 
+_ROLES_BEFORE_TOOLS = "CHECK (role IN ('system', 'user', 'assistant'))"
+_ROLES_WITH_TOOLS = "CHECK (role IN ('system', 'user', 'assistant', 'tool'))"
+
+
+def _migration_3(db: sqlite3.Connection) -> None:
+    # Tool results are nodes of their own role (engine.core.tools). SQLite cannot alter a
+    # CHECK constraint; one that only allows more changes no stored row, so its text in the
+    # schema is replaced in place, as SQLite's documentation describes for such changes.
+    db.execute("PRAGMA writable_schema = ON")
+    try:
+        db.execute("UPDATE sqlite_schema SET sql = replace(sql, ?, ?) "
+                   "WHERE type = 'table' AND name = 'nodes'",
+                   (_ROLES_BEFORE_TOOLS, _ROLES_WITH_TOOLS))
+        (cookie,) = db.execute("PRAGMA schema_version").fetchone()
+        db.execute(f"PRAGMA schema_version = {int(cookie) + 1}")  # the schema is read again
+    finally:
+        db.execute("PRAGMA writable_schema = OFF")
+    (sql,) = db.execute("SELECT sql FROM sqlite_schema WHERE name = 'nodes'").fetchone()
+    if _ROLES_WITH_TOOLS not in sql:
+        raise sqlite3.DatabaseError("the nodes table's role check was not the one expected")
+
+
 # Numbered migrations: MIGRATIONS[i] brings the schema from version i to i + 1.
-MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_migration_1, _migration_2]
+MIGRATIONS: list[Callable[[sqlite3.Connection], None]] = [_migration_1, _migration_2,
+                                                          _migration_3]
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

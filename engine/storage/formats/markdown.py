@@ -2,17 +2,19 @@
 
 Markdown has no way to hold a tree, so only the path from the root to the active leaf is
 written, and a last line says how many other branches were left out. A reply's reasoning
-(`engine.core.reasoning`) is written as a collapsed `<details>` block above its answer.
+(`engine.core.reasoning`) is written as a collapsed `<details>` block above its answer; its
+tool calls as code after it, and a tool's result under its own heading.
 """
 
 from __future__ import annotations
 
 from engine.core.reasoning import ReasoningState, is_opened, split_reasoning
 from engine.core.records import ConversationRecord
+from engine.core.tools import shown_text
 from engine.core.tree import Role
 from engine.storage.formats import active_path, check_record
 
-_HEADINGS = {Role.USER: "## User", Role.ASSISTANT: "## Assistant"}
+_HEADINGS = {Role.USER: "## User", Role.ASSISTANT: "## Assistant", Role.TOOL: "## Tool result"}
 
 
 def export_markdown(record: ConversationRecord) -> str:
@@ -25,8 +27,8 @@ def export_markdown(record: ConversationRecord) -> str:
         blocks.append(_quote(path[0].text))
     for node in path[1:]:
         blocks.append(_HEADINGS[node.role])
-        blocks.extend(_reply(node.text, is_opened(node.meta)) if node.role is Role.ASSISTANT
-                      else [node.text])
+        blocks.extend(_reply(shown_text(node.text, node.meta), is_opened(node.meta))
+                      if node.role is Role.ASSISTANT else [node.text])
     others = _other_branches(record)
     if others:
         blocks.append(_branches_note(others))

@@ -244,7 +244,7 @@ def test_bad_input_is_rejected_and_keeps_the_old_drawing(panel: TreePanel) -> No
     with pytest.raises(ValueError, match="twice"):
         panel.set_tree([PanelNode(0, None, "system", "", None)] * 2, [])
     with pytest.raises(ValueError, match="role"):
-        panel.set_tree([PanelNode(0, None, "tool", "", None)], [])
+        panel.set_tree([PanelNode(0, None, "robot", "", None)], [])
     assert len(panel.node_items()) == len(tree)
 
 
@@ -402,3 +402,11 @@ def test_colours_follow_the_palette(panel: TreePanel) -> None:
     assert panel.node_item(ids["u1"]).brush().color() == QColor("#4aa3ff")
     assert panel.node_item(ids["u4"]).pen().color() == QColor("#ff8800")
     assert panel.edge_items()[ids["u4"]].pen().color() == QColor("#ff8800")
+
+
+def test_a_tool_call_and_its_result_are_drawn_like_any_node(panel: TreePanel) -> None:
+    """API conversations with tools: a `tool` node has its own fill, not an error."""
+    nodes = [PanelNode(0, None, "system", "", None), PanelNode(1, 0, "user", "", None),
+             PanelNode(2, 1, "assistant", "", None), PanelNode(3, 2, "tool", "", None)]
+    panel.set_tree(nodes, [0, 1, 2, 3])
+    assert len(panel.node_items()) == 4

@@ -241,7 +241,8 @@ def test_bad_requests_get_openai_errors_and_the_server_keeps_serving(
             (b"[1, 2]", 400, "JSON object"),
             ({**good, "messages": []}, 400, "non-empty"),
             ({**good, "messages": "hi"}, 400, "non-empty"),
-            ({**good, "messages": [{"role": "tool", "content": "x"}]}, 400, "'tool'"),
+            ({**good, "messages": [{"role": "tool", "content": "x"}]}, 400, "tool_call_id"),
+            ({**good, "messages": [{"role": "robot", "content": "x"}]}, 400, "'robot'"),
             ({**good, "messages": [{"role": "user", "content": 5}]}, 400, "content"),
             ({**good, "messages": [{"role": "assistant", "content": "x"}]}, 400,
              "must follow a user message"),
@@ -482,3 +483,58 @@ def test_an_assistant_message_last_is_continued_as_a_fresh_server_continues_it(
         replies = sorted(tree.node(c).text for c in user.children)
         assert replies == sorted([first, begun + more, begun + more])  # none for the failure
         assert [n.text for n in tree.messages()][-3:-1] == [begun + more, "Go on."]
+
+
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "Today's weather in a city.",
+    "parameters": {"type": "object",
+                   "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo"]}},
+                   "required": ["city"], "additionalProperties": False}}}
+
+
+def test_a_tool_loop_through_the_openai_client_is_a_branch_in_the_tree(
+    tool_models: dict[str, Path], tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    """A forced call comes back as OpenAI's tool_calls (streamed too, never as text); the
+    client sends it back with the result and gets the answer, the call's tokens reused; the
+    tree holds user, call, result, answer. A model whose template takes no tools, and a
+    choice of a tool not offered, are 400s."""
+    db = tmp_path / "a.db"
+    asked = [{"role": "user", "content": "Is it raining in Oslo?"}]
+    with serving(tool_models["dense"], db) as (_server, client):
+        first = ask(client, asked, max_tokens=60, tools=[WEATHER_TOOL],
+                    tool_choice="required")
+        choice = first.choices[0]
+        assert choice.finish_reason == "tool_calls" and not choice.message.content
+        (call,) = choice.message.tool_calls
+        assert call.function.name == "get_weather"
+        assert json.loads(call.function.arguments)["city"] in ("Paris", "Oslo")
+
+        chunks = list(ask(client, asked, max_tokens=60, tools=[WEATHER_TOOL], stream=True,
+                          tool_choice={"type": "function", "function": {"name": "get_weather"}}))
+        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        deltas = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or ()]
+        finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
+        assert text == "" and [d.function.name for d in deltas] == ["get_weather"]
+        assert finishes[-1] == "tool_calls"
+
+        loop = [*asked, {"role": "assistant", "content": None,
+                         "tool_calls": [call.model_dump()]},
+                {"role": "tool", "tool_call_id": call.id, "content": '{"rain": true}'}]
+        answer = ask(client, loop, max_tokens=8, tools=[WEATHER_TOOL])
+        assert answer.choices[0].finish_reason in ("stop", "length")
+        assert answer.usage.prompt_tokens_details.cached_tokens > 0  # the call was kept
+        with pytest.raises(openai.BadRequestError, match="must be none"):
+            ask(client, asked, tools=[WEATHER_TOOL],
+                tool_choice={"type": "function", "function": {"name": "launch"}})
+    with Store(db) as store:
+        (info,) = store.list()
+        tree = store.load(info.id)
+        assert tree.root.meta["tools"][0]["function"]["name"] == "get_weather"
+        path = tree.messages()
+        assert [n.role for n in path] == [Role.USER, Role.ASSISTANT, Role.TOOL, Role.ASSISTANT]
+        assert path[1].meta["tool_calls"][0]["id"] == call.id
+        assert path[2].meta["tool_call_id"] == call.id
+    with serving(tiny_models["dense"], tmp_path / "b.db") as (_server, plain), \
+            pytest.raises(openai.BadRequestError, match="takes no tools"):
+        ask(plain, asked, tools=[WEATHER_TOOL])

@@ -6,6 +6,7 @@ import tracemalloc
 from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, example, given, settings
@@ -149,8 +150,10 @@ class _Counted(ChatTemplate):
 
     rendered = 0
 
-    def render(self, messages: Sequence[dict[str, str]], *, add_generation_prompt: bool) -> str:
-        text = super().render(messages, add_generation_prompt=add_generation_prompt)
+    def render(self, messages: Sequence[dict[str, Any]], *, add_generation_prompt: bool,
+               tools: list[dict[str, Any]] | None = None) -> str:
+        text = super().render(messages, add_generation_prompt=add_generation_prompt,
+                              tools=tools)
         self.rendered += len(text)
         return text
 

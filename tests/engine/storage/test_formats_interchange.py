@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 import engine.core.records
 from engine.core.errors import ArborError
 from engine.core.records import ConversationRecord, from_tree, to_tree, validate
+from engine.core.tools import TOOL_CALL_ID, TOOL_CALLS, TOOLS, ToolCall
 from engine.core.tree import NodeStatus, Role, Tree
 from engine.files.regular import FormatError
 from engine.files.strict_json import dumps_strict, loads_strict
@@ -603,7 +604,11 @@ def test_openai_messages_without_system_prompt() -> None:
         (b'[{"role": "user", "content": "x"}]', '"messages" array'),
         (b'{"messages": {}}', '"messages" array'),
         (b'{"messages": [1]}', "message 1 must be an object"),
-        (b'{"messages": [{"role": "tool", "content": "x"}]}', "role 'tool'"),
+        (b'{"messages": [{"role": "robot", "content": "x"}]}', "role 'robot'"),
+        (b'{"messages": [{"role": "tool", "content": "x"}]}', "tool_call_id"),
+        (b'{"messages": [{"role": "assistant", "content": null, "tool_calls": [{"id": "c"}]}]}',
+         "without an id, a name"),
+        (b'{"messages": [], "tools": [{"type": "function"}]}', "function tools"),
         (b'{"messages": [{"role": 3, "content": "x"}]}', "string role"),
         (b'{"messages": [{"role": "user", "content": null}]}', "string content"),
         (b'{"messages": [{"role": "user", "content": [{"type": "text"}]}]}', "string content"),
@@ -618,6 +623,37 @@ def test_openai_messages_without_system_prompt() -> None:
 def test_openai_messages_rejections(data: bytes, match: str) -> None:
     with pytest.raises(FormatError, match=match):
         parse_openai_messages(data)
+
+
+def _tool_tree() -> Tree:
+    tree = Tree("Weather help.")
+    tree.root.meta[TOOLS] = [{"type": "function", "function": {"name": "get_weather"}}]
+    user = tree.add_child(tree.root_id, Role.USER, "Rain in Oslo?")
+    call = tree.add_child(user.id, Role.ASSISTANT, "")
+    call.meta[TOOL_CALLS] = [ToolCall("call_1", "get_weather", '{"city": "Oslo"}').to_meta()]
+    result = tree.add_child(call.id, Role.TOOL, '{"rain": true}')
+    result.meta[TOOL_CALL_ID] = "call_1"
+    tree.add_child(result.id, Role.ASSISTANT, "Yes, 4 mm.")
+    return tree
+
+
+def test_tool_calls_and_results_survive_openai_messages_and_show_in_markdown() -> None:
+    record = from_tree(_tool_tree(), title="Rain")
+    data = export_openai_messages(record)
+    again = parse_openai_messages(data)
+    assert export_openai_messages(again) == data
+    messages = json.loads(data)["messages"]
+    assert messages[2]["tool_calls"][0]["function"] == {"name": "get_weather",
+                                                        "arguments": '{"city": "Oslo"}'}
+    assert messages[3] == {"role": "tool", "content": '{"rain": true}', "tool_call_id": "call_1"}
+    tree = to_tree(again)
+    assert tree.root.meta[TOOLS][0]["function"]["name"] == "get_weather"
+    assert [n.role for n in tree.messages()] == [Role.USER, Role.ASSISTANT, Role.TOOL,
+                                                 Role.ASSISTANT]
+    assert export_markdown(record) == (
+        "# Rain\n\n> Weather help.\n\n## User\n\nRain in Oslo?\n\n"
+        '## Assistant\n\n`get_weather({"city": "Oslo"})`\n\n'
+        '## Tool result\n\n{"rain": true}\n\n## Assistant\n\nYes, 4 mm.\n')
 
 
 # --- fuzzing ---------------------------------------------------------------------------------

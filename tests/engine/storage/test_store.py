@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from engine.core.errors import ArborError
 from engine.core.records import ConversationRecord, from_tree
 from engine.core.tree import Node, NodeStatus, Role, Tree
 from engine.service.replay import replay
@@ -190,6 +191,36 @@ def test_migration_backs_up_the_file_first(tmp_path: Path) -> None:
     assert len(backups) == 1
     with sqlite3.connect(backups[0]) as raw:
         assert raw.execute("SELECT x FROM legacy").fetchall() == [(42,)]
+
+
+def test_a_version_2_store_takes_tool_results_after_its_upgrade(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Migration 3 widens the role check in place (tool results are nodes): what was stored
+    stays, a tool node is saved and read back, and the file is sound."""
+    import engine.storage.store as store_module
+
+    db = tmp_path / "c.db"
+    with monkeypatch.context() as patch:  # the store as the previous version wrote it
+        patch.setattr(store_module, "MIGRATIONS", store_module.MIGRATIONS[:2])
+        patch.setattr(store_module, "SCHEMA_VERSION", 2)
+        with Store(db) as old:
+            cid = old.create(_tree("before tools"), title="old")
+            with pytest.raises(ArborError, match="CHECK constraint"):
+                tree = old.load(cid)
+                tool = tree.add_child(tree.active_leaf, Role.TOOL, '{"rain": true}')
+                old.save(cid, tree, [tool])
+    with Store(db) as store:
+        assert list(tmp_path.glob("c.db.v2-*.bak"))
+        tree = store.load(cid)
+        assert [n.text for n in tree.messages()] == ["before tools"]
+        tool = tree.add_child(tree.active_leaf, Role.TOOL, '{"rain": true}')
+        tool.meta["tool_call_id"] = "call_1"
+        store.save(cid, tree, [tool])
+        _sound(store)
+    with Store(db) as store:
+        (kept,) = [n for n in store.load(cid).nodes() if n.role is Role.TOOL]
+        assert kept.text == '{"rain": true}' and kept.meta["tool_call_id"] == "call_1"
 
 
 def test_disk_full_gives_a_clear_error_and_loses_nothing(tmp_path: Path) -> None:

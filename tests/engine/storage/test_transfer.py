@@ -75,7 +75,8 @@ def test_parse_and_commit_may_run_on_different_threads(tmp_path: Path) -> None:
         (b"", "is not a session file"),
         (b'["unterminated', "not valid JSON"),
         (b"PK\x03\x04 not a zip", "not a valid zip"),
-        (b'{"messages": [{"role": "tool", "content": "x"}]}', "only system, user and assistant"),
+        (b'{"messages": [{"role": "robot", "content": "x"}]}',
+         "only system, user, assistant and tool"),
         (b"\x00\x01binary", "is not a session file"),
     ],
 )

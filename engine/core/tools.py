@@ -1,0 +1,245 @@
+"""Tool calling in the tree: what a conversation offers the model, the calls a reply makes,
+and the results that answer them, as node meta; and the call formats of the model families,
+keyed on their chat templates' markers.
+
+A conversation's tools live on its root (`TOOLS`: OpenAI's list of function tools); a reply
+that calls tools keeps them under `TOOL_CALLS` (its text is what it said besides); a `tool`
+node answers one call (`TOOL_CALL_ID`). The chat template renders all three (Hugging Face's
+conventions: `tools=`, `message.tool_calls` with arguments as an object, `role: tool`), so an
+edit of a result, a retry of a call or a switch between results is a branch like any other.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import jsonschema
+
+TOOLS = "tools"  # root meta: the tools offered, OpenAI's shape
+TOOL_CALLS = "tool_calls"  # reply meta: the calls it made
+TOOL_CALL_ID = "tool_call_id"  # tool node meta: the call it answers
+TOOL_META = (TOOLS, TOOL_CALLS, TOOL_CALL_ID)  # the meta keys the engine must see
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    id: str
+    name: str
+    arguments: str  # JSON text of an object, as OpenAI sends it
+
+    @staticmethod
+    def new(name: str, arguments: Mapping[str, Any]) -> ToolCall:
+        return ToolCall(f"call_{uuid.uuid4().hex[:24]}", name,
+                        json.dumps(arguments, ensure_ascii=False))
+
+    def to_meta(self) -> dict[str, str]:
+        return {"id": self.id, "name": self.name, "arguments": self.arguments}
+
+    @staticmethod
+    def from_meta(raw: object) -> ToolCall | None:
+        if not isinstance(raw, Mapping):
+            return None
+        values = raw.get("id"), raw.get("name"), raw.get("arguments")
+        if not all(isinstance(v, str) for v in values):
+            return None
+        return ToolCall(*values)  # type: ignore[arg-type]
+
+    def to_template(self) -> dict[str, Any]:
+        """As chat templates read it: OpenAI's shape, arguments as an object."""
+        try:
+            arguments: Any = json.loads(self.arguments)
+        except ValueError:
+            arguments = self.arguments
+        return {"id": self.id, "type": "function",
+                "function": {"name": self.name, "arguments": arguments}}
+
+    def to_openai(self) -> dict[str, Any]:
+        return {"id": self.id, "type": "function",
+                "function": {"name": self.name, "arguments": self.arguments}}
+
+    def same_call(self, other: ToolCall) -> bool:
+        """The same function with the same arguments (ids aside, JSON spacing aside)."""
+        return self.name == other.name and _parsed(self.arguments) == _parsed(other.arguments)
+
+
+def calls_of(meta: Mapping[str, Any]) -> tuple[ToolCall, ...]:
+    raw = meta.get(TOOL_CALLS)
+    if not isinstance(raw, list):
+        return ()
+    calls = [ToolCall.from_meta(item) for item in raw]
+    return tuple(c for c in calls if c is not None)
+
+
+def shown_text(text: str, meta: Mapping[str, Any]) -> str:
+    """A message as the chat shows it: a reply's calls after what it said."""
+    calls = calls_of(meta)
+    lines = [f"`{call.name}({call.arguments})`" for call in calls]
+    return "\n\n".join(part for part in (text, *lines) if part)
+
+
+def tools_of(meta: Mapping[str, Any]) -> list[dict[str, Any]] | None:
+    raw = meta.get(TOOLS)
+    return raw if isinstance(raw, list) and raw else None
+
+
+def tool_names(tools: Sequence[Mapping[str, Any]]) -> list[str]:
+    return [str(t["function"]["name"]) for t in tools]
+
+
+def _parsed(text: str) -> object:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+# --- the families' formats --------------------------------------------------------------------
+
+
+Call = tuple[str, dict[str, Any]]  # a tool's name and its arguments
+Accept = Callable[[str, dict[str, Any]], bool]
+
+
+@dataclass(frozen=True)
+class ToolFormat:
+    """How a model family writes a call, found from its chat template's markers."""
+
+    name: str
+    marker: str  # the text a reply's calls begin with
+    prefix: str  # what a forced call starts with (before the JSON object)
+    suffix: str  # and ends with
+
+    def parse(self, text: str, accept: Accept) -> tuple[str, list[tuple[str, dict[str, Any]]]]:
+        """(what the reply said besides, the calls) of a reply's text. A call whose JSON does
+        not parse, that is not {name, arguments}, or that `accept` refuses (an unknown tool,
+        arguments its schema rejects) is left in the text as the model wrote it: never a
+        call the model did not make."""
+        match self.name:
+            case "hermes":
+                return _parse_hermes(text, accept)
+            case "mistral":
+                return _parse_mistral(text, accept)
+            case _:
+                return _parse_llama3(text, accept)
+
+
+HERMES = ToolFormat("hermes", "<tool_call>", "<tool_call>\n", "\n</tool_call>")
+MISTRAL = ToolFormat("mistral", "[TOOL_CALLS]", "[TOOL_CALLS][", "]")
+LLAMA3 = ToolFormat("llama3", "<|python_tag|>", "", "")
+FORMATS = (HERMES, MISTRAL, LLAMA3)
+
+
+class ToolSupport(Exception):
+    """The model's chat template cannot take tools (or writes calls in a way not known)."""
+
+
+def tool_format(template_source: str | None) -> ToolFormat:
+    """The call format of a Jinja chat template (None: one of llama.cpp's built-in ones,
+    which take no tools). Raises ToolSupport saying why when it has none."""
+    if template_source is None or "tools" not in template_source:
+        raise ToolSupport("this model's chat template takes no tools: it cannot call them")
+    if "<tool_call>" in template_source:
+        return HERMES
+    if "[TOOL_CALLS]" in template_source:
+        return MISTRAL
+    if "<|python_tag|>" in template_source or "ipython" in template_source:
+        return LLAMA3
+    raise ToolSupport("this model's chat template takes tools, but writes calls in a way "
+                      "Arbor does not read (it knows Hermes/Qwen, Llama 3 and Mistral calls)")
+
+
+_HERMES_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
+
+
+def _call_of(value: object, accept: Accept) -> Call | None:
+    if not isinstance(value, dict) or not isinstance(value.get("name"), str):
+        return None
+    arguments = value.get("arguments", value.get("parameters", {}))
+    if isinstance(arguments, str):
+        arguments = _parsed(arguments)
+    if not isinstance(arguments, dict) or not accept(value["name"], arguments):
+        return None
+    return value["name"], arguments
+
+
+def _loads(text: str) -> object:
+    try:
+        return json.loads(text)
+    except ValueError:
+        return None
+
+
+def _parse_hermes(text: str, accept: Accept) -> tuple[str, list[Call]]:
+    calls: list[Call] = []
+    kept: list[str] = []
+    pos = 0
+    for found in _HERMES_CALL.finditer(text):
+        call = _call_of(_loads(found.group(1)), accept)
+        if call is None:
+            continue
+        kept.append(text[pos:found.start()])
+        pos = found.end()
+        calls.append(call)
+    kept.append(text[pos:])
+    return "".join(kept).strip() if calls else text, calls
+
+
+def _parse_mistral(text: str, accept: Accept) -> tuple[str, list[Call]]:
+    at = text.find(MISTRAL.marker)
+    if at < 0:
+        return text, []
+    value = _loads(text[at + len(MISTRAL.marker):].strip())
+    items = value if isinstance(value, list) else [value]
+    calls = [c for c in (_call_of(item, accept) for item in items) if c is not None]
+    if not calls or len(calls) != len(items):
+        return text, []
+    return text[:at].strip(), calls
+
+
+def _parse_llama3(text: str, accept: Accept) -> tuple[str, list[Call]]:
+    body = text.strip()
+    if body.startswith(LLAMA3.marker):
+        body = body[len(LLAMA3.marker):].strip()
+    call = _call_of(_loads(body), accept) if body.startswith("{") else None
+    return (text, []) if call is None else ("", [call])
+
+
+def valid_call(tools: Sequence[Mapping[str, Any]], name: str, arguments: dict[str, Any]
+               ) -> bool:
+    """A call of one of `tools` with arguments its JSON schema accepts."""
+    for tool in tools:
+        function = tool["function"]
+        if function["name"] != name:
+            continue
+        schema = function.get("parameters")
+        if not schema:
+            return True
+        try:
+            jsonschema.validate(arguments, schema)
+        except jsonschema.ValidationError:
+            return False
+        except jsonschema.SchemaError:
+            return False
+        return True
+    return False
+
+
+def call_schema(tools: Sequence[Mapping[str, Any]], choice: str) -> dict[str, Any]:
+    """The JSON schema of one call the reply must make: of `choice` (a tool's name), or of
+    any tool ("required")."""
+    options = []
+    for tool in tools:
+        function = tool["function"]
+        if choice not in ("required", function["name"]):
+            continue
+        options.append({"type": "object",
+                        "properties": {"name": {"const": function["name"]},
+                                       "arguments": function.get("parameters")
+                                       or {"type": "object"}},
+                        "required": ["name", "arguments"], "additionalProperties": False})
+    return options[0] if len(options) == 1 else {"anyOf": options}
