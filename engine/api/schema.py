@@ -19,12 +19,14 @@ import math
 import re
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
 import jsonschema
 
 from engine.config.params import SamplingParams
+from engine.core.results import TokenLogprob
 from engine.core.tools import ToolCall
 from engine.core.tree import Role
 from engine.files.regular import FormatError
@@ -139,7 +141,7 @@ def parse_chat(raw: dict[str, Any]) -> ChatRequest:
     n = raw.get("n", 1)
     if n is not None and (_int(n, "n") != 1):
         raise bad("Arbor answers one choice per request: 'n' must be 1", "n")
-    for unsupported in ("functions", "function_call", "logprobs", "top_logprobs"):
+    for unsupported in ("functions", "function_call"):
         if raw.get(unsupported) not in (None, False, []):
             raise bad(f"'{unsupported}' is not supported by Arbor's server", unsupported)
     for name, neutral in _OTHER_SAMPLERS.items():
@@ -188,7 +190,8 @@ _OTHER_SAMPLERS: dict[str, object] = {
     "dry_multiplier": 0, "xtc_probability": 0, "top_n_sigma": -1, "smoothing_factor": 0,
     "dynatemp_range": 0,
 }
-MAX_LOGIT_BIAS = 1024  # entries, as many as a client could mean
+MAX_LOGIT_BIAS = 1024
+MAX_TOP_LOGPROBS = 20  # OpenAI's own limit  # entries, as many as a client could mean
 
 
 def _samplers(raw: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
@@ -217,6 +220,16 @@ def _samplers(raw: dict[str, Any]) -> tuple[tuple[str, Any], ...]:
             out["penalty_last_n"] = _int(value, name)
             if not 0 <= out["penalty_last_n"] <= MAX_TOKENS_LIMIT:
                 raise bad(f"'{name}' must be a count of tokens, 0 or more", name)
+    wanted = raw.get("logprobs") is not None and _bool(raw["logprobs"], "logprobs")
+    top = raw.get("top_logprobs")
+    if top is not None:
+        if not wanted:
+            raise bad("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+        if not 0 <= _int(top, "top_logprobs") <= MAX_TOP_LOGPROBS:
+            raise bad(f"'top_logprobs' must be between 0 and {MAX_TOP_LOGPROBS}",
+                      "top_logprobs")
+    if wanted:
+        out["top_logprobs"] = top or 0
     bias = raw.get("logit_bias")
     if bias is not None:
         out["logit_bias"] = _logit_bias(bias)
@@ -479,8 +492,14 @@ def completion_id() -> str:
     return f"chatcmpl-{uuid.uuid4().hex[:24]}"
 
 
+def logprobs_body(logprobs: Sequence[TokenLogprob] | None) -> dict[str, Any] | None:
+    """OpenAI's `logprobs` of a choice: None when not asked for."""
+    return None if logprobs is None else {"content": [t.body() for t in logprobs]}
+
+
 def completion(ident: str, model: str, text: str, finish: str, usage: Usage,
-               calls: tuple[ToolCall, ...] = ()) -> dict[str, Any]:
+               calls: tuple[ToolCall, ...] = (),
+               logprobs: Sequence[TokenLogprob] | None = None) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": text}
     if calls:
         message["content"] = text or None
@@ -488,7 +507,7 @@ def completion(ident: str, model: str, text: str, finish: str, usage: Usage,
     return {"id": ident, "object": "chat.completion", "created": int(time.time()),
             "model": model,
             "choices": [{"index": 0, "message": message,
-                         "finish_reason": finish, "logprobs": None}],
+                         "finish_reason": finish, "logprobs": logprobs_body(logprobs)}],
             "usage": usage.body()}
 
 
@@ -499,12 +518,14 @@ def call_deltas(calls: tuple[ToolCall, ...]) -> dict[str, Any]:
 
 def chunk(ident: str, model: str, *, delta: dict[str, Any] | None = None,
           finish: str | None = None, usage: Usage | None = None,
-          choices: bool = True) -> dict[str, Any]:
+          choices: bool = True, logprobs: Sequence[TokenLogprob] | None = None
+          ) -> dict[str, Any]:
     """One streamed chunk; the usage chunk (include_usage) has no choices."""
     body: dict[str, Any] = {"id": ident, "object": "chat.completion.chunk",
                             "created": int(time.time()), "model": model,
                             "choices": [{"index": 0, "delta": delta or {},
-                                         "finish_reason": finish, "logprobs": None}]
+                                         "finish_reason": finish,
+                                         "logprobs": logprobs_body(logprobs)}]
                             if choices else []}
     if usage is not None:
         body["usage"] = usage.body()

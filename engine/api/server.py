@@ -229,7 +229,7 @@ class _Api:
         if isinstance(item, ApiError):
             return _error(item)
         return JSONResponse(completion(ident, model, item.text, item.finish, item.usage,
-                                       item.calls))
+                                       item.calls, item.logprobs))
 
 
 async def _stream(request: Request, job: Job, inbox: asyncio.Queue[Delivery],
@@ -247,6 +247,8 @@ async def _stream(request: Request, job: Job, inbox: asyncio.Queue[Delivery],
                 yield data(item.body())
                 break
             if isinstance(item, Answer):
+                if item.logprobs is not None:  # all at the end: the text came in pieces
+                    yield data(chunk(ident, model, delta={}, logprobs=item.logprobs))
                 if item.calls:
                     yield data(chunk(ident, model, delta=call_deltas(item.calls)))
                 yield data(chunk(ident, model, finish=item.finish))

@@ -32,6 +32,7 @@ from engine.core.results import (
     ReplyReport,
     ReplyResult,
     Stopped,
+    TokenLogprob,
 )
 from engine.core.tools import FORMATS, ToolCall, calls_of
 from engine.core.tree import Node
@@ -57,6 +58,7 @@ class Answer:
     finish: str  # OpenAI's finish_reason: "stop", "length" or "tool_calls"
     usage: Usage
     calls: tuple[ToolCall, ...] = ()
+    logprobs: tuple[TokenLogprob, ...] | None = None  # None: not asked for
 
 
 Delivery = Text | Answer | ApiError
@@ -326,8 +328,12 @@ class ApiWorker:
         finish = ("tool_calls" if calls else "length"
                   if report.finish in (FinishReason.LENGTH, FinishReason.CONTEXT_FULL)
                   else "stop")
+        logprobs = None
+        if sampling.top_logprobs is not None:  # the tokens of the text the client got
+            logprobs = _within(result.logprobs, len(stops.text)) if stops.hit \
+                else result.logprobs
         return Answer(
-            text=said, finish=finish, calls=calls,
+            text=said, finish=finish, calls=calls, logprobs=logprobs,
             usage=Usage(report.prompt_tokens, report.generated_tokens, report.reused_tokens))
 
     def _warm(self) -> None:
@@ -349,6 +355,18 @@ class ApiWorker:
             report = None
         self.stats = replace(self.stats, warming=False, warm_decoded=self.stats.warm_decoded
                              + (report.decoded_tokens if report is not None else 0))
+
+
+def _within(logprobs: tuple[TokenLogprob, ...], chars: int) -> tuple[TokenLogprob, ...]:
+    """The first tokens whose text fits in `chars` characters (a reply cut at a stop)."""
+    kept: list[TokenLogprob] = []
+    length = 0
+    for token in logprobs:
+        length += len(token.text)
+        if length > chars:
+            break
+        kept.append(token)
+    return tuple(kept)
 
 
 def _not_saved(exc: ArborError) -> ApiError:

@@ -57,6 +57,9 @@ class SamplingParams:
     # forced call is made by a grammar of the tools' schemas in the model's call format.
     tool_choice: str = "auto"
     parallel_tool_calls: bool = True  # False: only the reply's first call counts
+    # Each generated token's log-probability and this many likeliest alternatives (OpenAI's
+    # logprobs and top_logprobs); None: not computed. Sampling is unchanged by it.
+    top_logprobs: int | None = None
 
     @property
     def penalized(self) -> bool:

@@ -159,6 +159,22 @@ Rendered = tuple[tuple[int, tuple[int, ...]], ...]
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """A generated token's log-probability under the model (the log-softmax of its logits,
+    before any sampler), with the likeliest tokens at that step (OpenAI's `logprobs`)."""
+
+    text: str
+    data: bytes  # the token's bytes (a piece of a UTF-8 character is not text on its own)
+    logprob: float
+    top: tuple[tuple[str, bytes, float], ...] = ()
+
+    def body(self) -> dict[str, object]:
+        return {"token": self.text, "logprob": self.logprob, "bytes": list(self.data),
+                "top_logprobs": [{"token": t, "logprob": lp, "bytes": list(b)}
+                                 for t, b, lp in self.top]}
+
+
+@dataclass(frozen=True)
 class ReplyResult:
     """A finished (or stopped) reply, as plain values."""
 
@@ -170,6 +186,7 @@ class ReplyResult:
     meta: tuple[tuple[str, object], ...]  # what the reply node keeps (ReplyTokens.meta)
     rendered: Rendered
     report: ReplyReport
+    logprobs: tuple[TokenLogprob, ...] = ()  # of the generated tokens, when asked for
 
     @property
     def finish(self) -> FinishReason:

@@ -146,4 +146,4 @@ def run_reply(
     if cut.dropped:
         meta[LEFT_OUT] = cut.dropped  # a count, not ids: imports renumber nodes
     return ReplyResult(text, finished.tokens, tuple(meta.items()),
-                       rendered(path, untokenized), report)
+                       rendered(path, untokenized), report, generation.logprobs)

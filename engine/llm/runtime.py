@@ -35,6 +35,7 @@ from engine.core.results import (
     Reuse,
     Source,
     TokenFn,
+    TokenLogprob,
 )
 from engine.core.schedule import CPU_GRID, GPU_GRID, Schedule, decode_schedule
 from engine.llm.llama import LlamaContext, LlamaModel, Sampler, SamplingParams, gpu_memory
@@ -67,6 +68,7 @@ class Generation:
     finish: FinishReason
     ttft_ms: float | None  # from the start of generate() to the first token
     decode_ms: float
+    logprobs: tuple[TokenLogprob, ...] = ()  # when sampling.top_logprobs asks for them
 
 
 class Runtime:
@@ -612,6 +614,7 @@ class Runtime:
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
         tokens: list[int] = []
         pieces: list[str] = []
+        logprobs: list[TokenLogprob] = []
         ttft_ms: float | None = None
         finish = FinishReason.LENGTH
         try:
@@ -619,6 +622,9 @@ class Runtime:
                 if cancel and cancel():
                     finish = FinishReason.CANCELLED
                     break
+                seen = None
+                if sampling.top_logprobs is not None:  # before sampling moves anything
+                    seen = held if held is not None else self.ctx.logits()
                 if held is not None:
                     token, held = sampler.sample_logits(held), None
                 else:
@@ -629,6 +635,8 @@ class Runtime:
                     finish = FinishReason.STOP
                     break
                 tokens.append(token)
+                if seen is not None and sampling.top_logprobs is not None:
+                    logprobs.append(self._logprob(seen, token, sampling.top_logprobs))
                 piece = decoder.decode(self.model.token_bytes(token))
                 pieces.append(piece)
                 if on_token:
@@ -656,7 +664,27 @@ class Runtime:
             finish=finish,
             ttft_ms=ttft_ms,
             decode_ms=(time.perf_counter() - started) * 1000.0,
+            logprobs=tuple(logprobs),
         )
+
+    def _logprob(self, logits: np.ndarray, token: int, top: int) -> TokenLogprob:
+        """`token`'s log-probability under `logits` and the `top` likeliest tokens'."""
+        values = logits.astype(np.float64)
+        peak = values.max()
+        normal = values - (peak + np.log(np.exp(values - peak).sum()))
+        best: list[int] = []
+        if top > 0:
+            count = min(top, normal.shape[0])
+            picked = np.argpartition(-normal, count - 1)[:count]
+            best = [int(i) for i in picked[np.argsort(-normal[picked], kind="stable")]]
+
+        def named(t: int) -> tuple[str, bytes]:
+            data = self.model.token_bytes(t)
+            return data.decode("utf-8", errors="replace"), data
+
+        text, data = named(token)
+        return TokenLogprob(text, data, float(normal[token]),
+                            tuple((*named(t), float(normal[t])) for t in best))
 
     def last_logits(self) -> np.ndarray:
         """The logits the next token is sampled from: the last decoded token's, or those

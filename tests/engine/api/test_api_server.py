@@ -538,3 +538,29 @@ def test_a_tool_loop_through_the_openai_client_is_a_branch_in_the_tree(
     with serving(tiny_models["dense"], tmp_path / "b.db") as (_server, plain), \
             pytest.raises(openai.BadRequestError, match="takes no tools"):
         ask(plain, asked, tools=[WEATHER_TOOL])
+
+
+def test_logprobs_come_for_every_token_streamed_or_not(
+    tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    with serving(tiny_models["dense"], tmp_path / "a.db") as (server, client):
+        whole = ask(client, chat("Count"), max_tokens=8, logprobs=True, top_logprobs=3)
+        content = whole.choices[0].logprobs.content
+        assert len(content) == whole.usage.completion_tokens == 8
+        assert "".join(t.token for t in content) == whole.choices[0].message.content
+        assert all(len(t.top_logprobs) == 3 and t.logprob <= 0 for t in content)
+        assert content[0].logprob == content[0].top_logprobs[0].logprob  # greedy: the best
+        chunks = list(ask(client, chat("Count"), max_tokens=8, logprobs=True, top_logprobs=3,
+                          stream=True))
+        streamed = [t for c in chunks if c.choices and c.choices[0].logprobs
+                    for t in c.choices[0].logprobs.content]
+        assert [(t.token, t.logprob) for t in streamed] == [(t.token, t.logprob)
+                                                            for t in content]
+        assert ask(client, chat("Count")).choices[0].logprobs is None
+        url = server.url + "/chat/completions"
+        for extra, words in [({"top_logprobs": 2}, "needs 'logprobs'"),
+                             ({"logprobs": True, "top_logprobs": 50}, "between 0 and 20"),
+                             ({"logprobs": "yes"}, "true or false")]:
+            answer = httpx.post(url, json={"messages": chat("Count"), **extra},
+                                timeout=TIMEOUT)
+            assert answer.status_code == 400 and words in answer.json()["error"]["message"]

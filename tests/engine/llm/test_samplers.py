@@ -163,3 +163,33 @@ def test_what_no_grammar_or_vocabulary_allows_is_refused(
         runtime.generate(max_tokens=4, sampling=outside, seed=1)
     # The context is as it was: a plain reply goes on from the same prompt.
     assert len(runtime.generate(max_tokens=4, sampling=GREEDY, seed=1).tokens) > 0
+
+
+@pytest.mark.parametrize("kind", [MemoryKind.DENSE, MemoryKind.RECURRENT], ids=lambda k: k.value)
+def test_logprobs_are_the_models_and_the_same_from_kept_logits(
+    kind: MemoryKind, tiny_models: dict[str, Path], make_runtime: RuntimeFactory
+) -> None:
+    """OpenAI's logprobs: each token's log-softmax under the logits it was drawn from, with
+    the likeliest alternatives in order; a swipe sampled from kept logits gives the same."""
+    runtime = make_runtime(tiny_models[kind.value], n_ctx=512, n_batch=32)
+    store = CheckpointStore(runtime.identity())
+    generator = Generator(runtime, sampling=GREEDY, checkpoints=store)
+    tree = Tree("S")
+    path = tree.path_to(tree.add_child(tree.root.id, Role.USER, "The river " * 10).id)
+    generator.prepare(path)
+    logits = runtime.last_logits().astype(np.float64)
+    asked = replace(HOT, top_logprobs=4)
+    one = generator.generate(max_tokens=6, seed=2, sampling=asked)
+    generator.after_reply()
+    assert len(one.logprobs) == len(one.tokens) == 6
+    expected = logits - (logits.max() + np.log(np.exp(logits - logits.max()).sum()))
+    first = one.logprobs[0]
+    assert first.logprob == pytest.approx(expected[one.tokens[0]], abs=1e-9)
+    ranked = np.argsort(-expected)[:4]
+    assert [lp for _, _, lp in first.top] == pytest.approx(list(expected[ranked]), abs=1e-9)
+    assert first.data == runtime.model.token_bytes(one.tokens[0])
+    assert generator.prepare(path).report.decoded_tokens == 0  # from the kept logits
+    again = generator.generate(max_tokens=6, seed=2, sampling=asked)
+    assert again.tokens == one.tokens and again.logprobs == one.logprobs
+    plain = generator.generate(max_tokens=2, seed=2, sampling=HOT)
+    assert plain.logprobs == ()
