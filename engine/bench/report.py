@@ -223,7 +223,9 @@ def plots(records: Sequence[Record], systems: Sequence[str], titles: dict[str, s
     cells = summarise(records)
     models = list(dict.fromkeys(r.model for r in records))
     lengths = sorted({r.length for r in records})
-    written = []
+    written: list[Path] = []
+    if not models:  # the API session alone (--lengths ""): nothing to plot
+        return written
     for case in Case:
         fig, axes = plt.subplots(1, len(models), figsize=(4.2 * len(models), 3.6),
                                  squeeze=False)

@@ -143,6 +143,8 @@ def test_plots_are_written_one_per_case(tmp_path: Path) -> None:
     written = plots(records, ["arbor", "reprocess"], {}, tmp_path)
     assert sorted(p.name for p in written) == sorted(f"ttft-{c.value}.png" for c in Case)
     assert all(p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" for p in written)
+    # The API session alone (--lengths ""): no comparison, so no plot, and no error.
+    assert plots([], ["arbor"], {}, tmp_path / "none") == []
 
 
 # --- models ------------------------------------------------------------------------------
