@@ -18,8 +18,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import jsonschema
-
 TOOLS = "tools"  # root meta: the tools offered, OpenAI's shape
 TOOL_CALLS = "tool_calls"  # reply meta: the calls it made
 TOOL_CALL_ID = "tool_call_id"  # tool node meta: the call it answers
@@ -212,6 +210,8 @@ def _parse_llama3(text: str, accept: Accept) -> tuple[str, list[Call]]:
 def valid_call(tools: Sequence[Mapping[str, Any]], name: str, arguments: dict[str, Any]
                ) -> bool:
     """A call of one of `tools` with arguments its JSON schema accepts."""
+    import jsonschema  # only when a reply is parsed: the module is read at every start
+
     for tool in tools:
         function = tool["function"]
         if function["name"] != name:
