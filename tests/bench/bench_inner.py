@@ -80,10 +80,10 @@ def instrumented() -> Iterator[tuple[list[tuple[int, float]], list[Checkpoint]]]
 
 
 def one_run(model: BenchModel, conversation: Conversation, *, inner: bool,
-            n_threads: int) -> Run:
-    data = conversation.scenario(str(model.path), n_ctx=4608, n_batch=512)
+            n_threads: int, n_ctx: int = 4608) -> Run:
+    data = conversation.scenario(str(model.path), n_ctx=n_ctx, n_batch=512)
     data["steps"] = data["steps"][: TURNS + 1]  # the sends, then the edit in the middle
-    settings = RuntimeSettings(n_ctx=4608, n_batch=512, n_threads=n_threads,
+    settings = RuntimeSettings(n_ctx=n_ctx, n_batch=512, n_threads=n_threads,
                                context=replace(ContextParams(), swa_full=model.swa_full))
     most = generator_module.INNER_MOST
     generator_module.INNER_MOST = most if inner else 0
@@ -133,7 +133,8 @@ def main() -> None:
         runs: list[Run] = []
         for k in range(args.rounds):
             for inner in ((True, False) if k % 2 == 0 else (False, True)):
-                runs.append(one_run(model, conversation, inner=inner, n_threads=args.threads))
+                runs.append(one_run(model, conversation, inner=inner, n_threads=args.threads,
+                                    n_ctx=max(4608, args.length * 5 // 4 + 256)))
                 print(model.title, runs[-1], flush=True)
         for inner in (True, False):
             mine = [r for r in runs if r.inner is inner]
