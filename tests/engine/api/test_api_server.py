@@ -27,6 +27,7 @@ from engine.api.worker import ApiWorker
 from engine.config.settings import Settings
 from engine.core.tree import NodeStatus, Role
 from engine.storage.store import Store
+from tests.engine.llm.test_samplers import SCHEMA
 
 # `serving` runs the API on its own engine process.
 pytestmark = pytest.mark.engine_process
@@ -395,13 +396,7 @@ def test_a_key_with_non_ascii_characters_works_when_it_is_right(
         assert models(b"Bearer " + key.encode("latin-1", "replace")) == 401
 
 
-RIVER = {
-    "type": "object",
-    "properties": {"river": {"type": "string", "enum": ["Nile", "Amazon", "Danube"]},
-                   "long": {"type": "boolean"}},
-    "required": ["river", "long"],
-    "additionalProperties": False,
-}
+RIVER = SCHEMA  # the engine's JSON-output tests' schema, through the API
 
 
 def test_samplers_and_json_output_are_applied_and_the_others_refused_by_name(
