@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from engine.config.endpoints import RpcError, parse_endpoints
+from engine.config.mcp import McpServer, server_problems
 from engine.config.params import (
     GPU_LAYERS_FIT,
     KV_TYPE_NAMES,
@@ -118,6 +119,8 @@ class Settings:
     api_key: str = ""
     # llama.cpp RPC workers (host:port) that take the model's layers; see engine/llm/rpc.py.
     rpc_workers: tuple[str, ...] = ()
+    # MCP servers whose tools conversations may offer the model (engine/config/mcp.py).
+    mcp_servers: tuple[McpServer, ...] = ()
 
     def __post_init__(self) -> None:
         # Enums arrive as plain strings from JSON and from Qt's item data.
@@ -166,6 +169,7 @@ class Settings:
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data["rpc_workers"] = list(self.rpc_workers)  # as JSON holds it
+        data["mcp_servers"] = [server.to_json() for server in self.mcp_servers]
         data["version"] = _VERSION
         return data
 
@@ -212,6 +216,10 @@ def _coerce(name: str, value: object, default: object) -> object:
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise TypeError("expected a list of host:port strings")
         return tuple(value)
+    if name == "mcp_servers":
+        if not isinstance(value, list):
+            raise TypeError("expected a list of MCP servers")
+        return tuple(McpServer.from_json(item) for item in value)
     if name == "templates":
         if not isinstance(value, dict) or not all(
             isinstance(k, str) and isinstance(v, str) for k, v in value.items()
@@ -296,6 +304,7 @@ def _problems(s: Settings) -> list[str]:
     if len(s.api_key) > MAX_API_KEY_CHARS or not all(" " < c < "\x7f" for c in s.api_key):
         out.append(f"the API key must be at most {MAX_API_KEY_CHARS} printable ASCII "
                    f"characters without spaces")
+    out.extend(server_problems(s.mcp_servers))
     for path in ([s.model] if s.model is not None else []) + list(s.templates):
         if len(path) > MAX_PATH_CHARS or "\0" in path:
             out.append(f"the model path {printable(path)} is longer than {MAX_PATH_CHARS} "

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from engine.config.mcp import McpServer, Transport
 from engine.config.settings import (
     MAX_GPU_LAYERS,
     MAX_REPLY_TOKENS,
@@ -37,6 +38,17 @@ def test_settings_round_trip_through_the_config_dir(_arbor_home: Path) -> None:
     assert settings_path().parent == _arbor_home / "config"
     loaded = load_settings()
     assert loaded.problem is None and loaded.settings == chosen
+
+
+def test_mcp_servers_round_trip_and_apply_at_once(_arbor_home: Path) -> None:
+    servers = (McpServer("files", command="npx", args=("-y", "@x/files", "/tmp"),
+                         env={"TOKEN": "t"}, always_allowed=("read",)),
+               McpServer("web", Transport.HTTP, url="https://example.com/mcp",
+                         headers={"Authorization": "Bearer k"}, timeout_s=5, enabled=False))
+    save_settings(Settings(mcp_servers=servers))
+    loaded = load_settings()
+    assert loaded.problem is None and loaded.settings.mcp_servers == servers
+    assert effect_of(Settings(), loaded.settings) is Effect.LIVE
 
 
 def test_a_missing_file_gives_the_defaults_quietly() -> None:
@@ -163,6 +175,13 @@ def test_turning_the_disk_tier_off_and_on_at_once(
         (b'{"model": "a\\u0000b"}', "model"),
         (b'{"n_ctx": 1e400}', "too large"),
         (b'{"n_ctx": ' + b"1" * 30 + b"}", "context size"),
+        (b'{"mcp_servers": [{"name": "x", "command": ""}]}', "a command is needed"),
+        (b'{"mcp_servers": [{"command": "x"}]}', "needs a name"),
+        (b'{"mcp_servers": {"name": "x"}}', "list of MCP servers"),
+        (b'{"mcp_servers": [{"name": "a", "command": "x"}, {"name": "A", "command": "y"}]}',
+         "same name"),
+        (b'{"mcp_servers": [{"name": "w", "transport": "http", "url": "file:///etc"}]}',
+         "http://"),
         (b'{"model": ' + b'"x' + b"\\n\\u001b" * 100_000 + b'"}', "model"),
     ],
 )
