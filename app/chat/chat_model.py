@@ -43,7 +43,7 @@ from app.chat.code_blocks import fences
 from app.look.actions import spec
 from engine.core.reasoning import Reasoning, ReasoningState, is_opened, split_reasoning
 from engine.core.results import LEFT_OUT
-from engine.core.tools import shown_text
+from engine.core.tools import call_label, shown_text
 from engine.core.tree import Node, NodeStatus, Role, Tree
 
 log = logging.getLogger(__name__)
@@ -52,6 +52,7 @@ ModelIndex = QModelIndex | QPersistentModelIndex
 
 USER = "user"
 ASSISTANT = "assistant"
+TOOL = "tool"
 COMPLETE = "complete"
 STREAMING = "streaming"
 INTERRUPTED = "interrupted"
@@ -82,10 +83,16 @@ class MessageRow:
     # The reply started inside its reasoning: its generation prompt opened the block, so
     # its text holds only the closing marker (engine.core.reasoning.OPENED).
     reasoning_opened: bool = False
+    # A tool's result: the call it answers, as its fold's header says it ("weather(…)").
+    call: str = ""
 
 
 def reasoning_of(row: MessageRow) -> Reasoning | None:
-    """A reply's reasoning and answer, or None when it has no reasoning (or is the user's)."""
+    """A reply's reasoning and answer, or None when it has no reasoning (or is the user's).
+    A tool's result is folded the same way: all of it is the fold, under a header naming
+    the call."""
+    if row.role == TOOL:
+        return Reasoning(row.text, "", ReasoningState.CLOSED)
     if row.role != ASSISTANT or ("think" not in row.text  # the markers all hold "think"
                                  and not row.reasoning_opened):
         return None
@@ -102,7 +109,12 @@ def reasoning_shown(row: MessageRow, split: Reasoning) -> bool:
 
 
 def reasoning_label(row: MessageRow, split: Reasoning) -> str:
-    """The disclosure's header line: "Reasoning · 312 words", and whether it is unfinished."""
+    """The disclosure's header line: "Reasoning · 312 words", and whether it is unfinished;
+    a tool's result: "weather({"city": "Oslo"}) · 3 lines"."""
+    if row.role == TOOL:
+        lines = row.text.count("\n") + 1 if row.text else 0
+        size = "1 line" if lines == 1 else f"{lines:,} lines"
+        return f"{row.call or 'Result'} · {size}"
     words = "1 word" if split.words == 1 else f"{split.words:,} words"
     if split.state is ReasoningState.CLOSED:
         return f"Reasoning · {words}"
@@ -147,6 +159,7 @@ def rows_from_tree(tree: Tree, checkpoints: Mapping[int, str] | None = None) -> 
                 outside=index < first_read,
                 context_starts=0 < index == first_read,
                 reasoning_opened=is_opened(node.meta),
+                call=call_label(messages[:index], node),
             )
         )
     return rows
@@ -251,10 +264,11 @@ def accessible_text(row: MessageRow) -> str:
         return f"{', '.join(parts)}: {spoken_text(row.text)}"
     words = "1 word" if split.words == 1 else f"{split.words} words"
     unfinished = "" if split.state is ReasoningState.CLOSED else "unfinished "
+    fold = f"of {spoken_text(row.call)}" if row.role == TOOL else "reasoning"
     if not reasoning_shown(row, split):
-        parts.append(f"{unfinished}reasoning collapsed, {words}")
+        parts.append(f"{unfinished}{fold} collapsed, {words}")
         return f"{', '.join(parts)}: {spoken_text(split.answer)}"
-    parts.append(f"{unfinished}reasoning, {words}")
+    parts.append(f"{unfinished}{fold}, {words}")
     said = f"{', '.join(parts)}: {spoken_text(split.reasoning)}"
     return f"{said} Answer: {spoken_text(split.answer)}" if split.answer else said
 
@@ -266,7 +280,8 @@ def accessible_description(row: MessageRow) -> str:
     split = reasoning_of(row)
     if split is not None:
         verb = "hides" if reasoning_shown(row, split) else "shows"
-        parts.append(f"Reasoning {'shown' if verb == 'hides' else 'collapsed'}: "
+        fold = "Result" if row.role == TOOL else "Reasoning"
+        parts.append(f"{fold} {'shown' if verb == 'hides' else 'collapsed'}: "
                      f"{_keys('toggle_reasoning')} {verb} it")
     if row.variants > 1:
         parts.append(

@@ -11,15 +11,18 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass, field
+from typing import Any
 
 from engine.core.reasoning import OPENED, is_opened
 from engine.core.results import LEFT_OUT, FinishReason, Rendered, ReplyResult
+from engine.core.tools import TOOL_CALL_ID, TOOL_SERVERS, TOOLS, ToolCall, calls_of
 from engine.core.tree import Node, NodeStatus, Role, Tree, TreeError
 
 
 @dataclass(frozen=True)
 class ReplyJob:
-    """The model must answer `parent` (a user message): a new reply, or more of `resume`."""
+    """The model must answer `parent` (a user message, or a tool's result): a new reply, or
+    more of `resume`."""
 
     parent: int
     resume: int | None = None
@@ -85,7 +88,10 @@ class Conversation:
         new = self.tree.add_sibling(node_id, text)
         if old.role is Role.ASSISTANT and is_opened(old.meta):
             new.meta[OPENED] = True
-        return Change(nodes=(new,), reply=ReplyJob(new.id) if new.role is Role.USER else None)
+        if old.role is Role.TOOL and TOOL_CALL_ID in old.meta:
+            new.meta[TOOL_CALL_ID] = old.meta[TOOL_CALL_ID]  # the same call, another result
+        answered = new.role in (Role.USER, Role.TOOL)
+        return Change(nodes=(new,), reply=ReplyJob(new.id) if answered else None)
 
     def regenerate(self, node_id: int | None = None) -> Change:
         """A new version of any reply (or a reply to a user message); None: the active
@@ -94,8 +100,9 @@ class Conversation:
         parent = node.parent if node.role is Role.ASSISTANT else node.id
         if node.role is Role.SYSTEM or parent is None:
             raise TreeError("there is no message to regenerate a reply to")
-        if self.tree.node(parent).role is not Role.USER:
-            raise TreeError("only a reply to a user message can be regenerated")
+        if self.tree.node(parent).role not in (Role.USER, Role.TOOL):
+            raise TreeError("only a reply to a user message or a tool's result can be "
+                            "regenerated")
         self.tree.set_active(parent)
         return Change(reply=ReplyJob(parent))
 
@@ -103,7 +110,7 @@ class Conversation:
         """More of a reply (an interrupted one, typically); None: the active leaf. A user
         message at the active leaf (after a rewind) gets its first reply."""
         node = self.tree.node(self.tree.active_leaf if node_id is None else node_id)
-        if node.role is Role.USER:
+        if node.role in (Role.USER, Role.TOOL):
             self.tree.set_active(node.id)
             return Change(reply=ReplyJob(node.id))
         if node.role is not Role.ASSISTANT or node.parent is None:
@@ -120,6 +127,38 @@ class Conversation:
         root.text = text
         root.tokens = None
         return Change(nodes=(root,))
+
+    def set_tools(self, tools: list[dict[str, Any]], servers: dict[str, str]) -> Change:
+        """The tools this conversation offers the model (OpenAI's function tools) and the MCP
+        server of each (by tool name). Like the system prompt, they are part of the root's
+        rendering: the next reply renders it again."""
+        root = self.tree.root
+        if (root.meta.get(TOOLS) or []) == tools and (root.meta.get(TOOL_SERVERS) or {}) == servers:
+            return Change()
+        for key, value in ((TOOLS, tools), (TOOL_SERVERS, servers)):
+            if value:
+                root.meta[key] = value
+            else:
+                root.meta.pop(key, None)
+        root.tokens = None
+        return Change(nodes=(root,))
+
+    def answer_calls(self, reply_id: int, results: list[tuple[ToolCall, str]]) -> Change:
+        """The results of a reply's calls, as `tool` nodes one under the other (in the
+        order of the calls), and the job of answering the last one."""
+        reply = self.tree.node(reply_id)
+        made = {call.id for call in calls_of(reply.meta)}
+        if reply.role is not Role.ASSISTANT or not results or not all(
+                call.id in made for call, _ in results):
+            raise TreeError("only the calls a reply made can be answered")
+        nodes: list[Node] = []
+        parent = reply_id
+        for call, text in results:
+            node = self.tree.add_child(parent, Role.TOOL, text)
+            node.meta[TOOL_CALL_ID] = call.id
+            nodes.append(node)
+            parent = node.id
+        return Change(nodes=tuple(nodes), reply=ReplyJob(parent))
 
     # --- a reply's lifetime (the model's half runs in engine.llm.reply) -------------------------
 

@@ -18,9 +18,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from engine.core.tree import Node
+
 TOOLS = "tools"  # root meta: the tools offered, OpenAI's shape
 TOOL_CALLS = "tool_calls"  # reply meta: the calls it made
 TOOL_CALL_ID = "tool_call_id"  # tool node meta: the call it answers
+TOOL_SERVERS = "tool_servers"  # root meta in the window: the MCP server of each tool, by name
 TOOL_META = (TOOLS, TOOL_CALLS, TOOL_CALL_ID)  # the meta keys the engine must see
 
 
@@ -78,6 +81,22 @@ def shown_text(text: str, meta: Mapping[str, Any]) -> str:
     calls = calls_of(meta)
     lines = [f"`{call.name}({call.arguments})`" for call in calls]
     return "\n\n".join(part for part in (text, *lines) if part)
+
+
+def call_label(before: Sequence[Node], node: Node) -> str:
+    """What a tool node answers, in a few words: `name(arguments)` of the call it answers,
+    found in the replies before it on its path (`before`: nodes, nearest last); "" when it
+    is not a tool's result or its call is not found."""
+    call_id = node.meta.get(TOOL_CALL_ID)
+    if not isinstance(call_id, str):
+        return ""
+    for earlier in reversed(before):
+        for call in calls_of(earlier.meta):
+            if call.id == call_id:
+                arguments = call.arguments if len(call.arguments) <= 60 else (
+                    call.arguments[:59] + "…")
+                return f"{call.name}({arguments})"
+    return ""
 
 
 def tools_of(meta: Mapping[str, Any]) -> list[dict[str, Any]] | None:

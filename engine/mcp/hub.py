@@ -21,7 +21,7 @@ import logging
 import re
 import threading
 from collections.abc import Awaitable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
@@ -90,10 +90,12 @@ class McpHub:
 
     def configure(self, servers: Sequence[McpServer]) -> None:
         """New definitions (Settings were saved): a server whose definition changed, or that
-        is gone or disabled, is stopped; the rest keep their connections."""
+        is gone or disabled, is stopped; the rest keep their connections (a tool newly
+        allowed always changes nothing that needs a restart)."""
         old, self._servers = self._servers, {s.name: s for s in servers}
         for name, server in old.items():
-            if self._servers.get(name) != server:
+            new = self._servers.get(name)
+            if new is None or _reached(new) != _reached(server):
                 self._submit(self._stop(name))
 
     def allowed(self, server: str, tool: str) -> bool:
@@ -142,7 +144,7 @@ class McpHub:
     async def _client(self, name: str) -> Any:
         server = self._server(name)
         connection = self._connections.get(name)
-        if connection is None or connection.server != server:
+        if connection is None or _reached(connection.server) != _reached(server):
             if connection is not None:
                 await self._stop(name)
             connection = self._connections[name] = _Connection(server)
@@ -256,6 +258,11 @@ class McpHub:
                                    failed=True)
             return ToolOutcome(f"Error: {_describe(exc)}", failed=True)
         return ToolOutcome(_result_text(result), failed=bool(result.is_error))
+
+
+def _reached(server: McpServer) -> McpServer:
+    """What connecting to `server` depends on."""
+    return replace(server, always_allowed=())
 
 
 async def _as_coroutine(awaitable: Awaitable[T]) -> T:

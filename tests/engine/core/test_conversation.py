@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from engine.core.conversation import Conversation, ReplyJob
+from engine.core.conversation import Change, Conversation, ReplyJob
+from engine.core.tools import TOOL_CALL_ID, TOOL_CALLS, TOOL_SERVERS, TOOLS, ToolCall
 from engine.core.tree import NodeStatus, Role, Tree, TreeError
 
 
@@ -80,3 +81,60 @@ def test_system_fork_and_seeds() -> None:
     assert [n.tokens for n in fork.messages()] == [(ids[0],), (ids[1],)]  # same prefix
     assert [conv.reply_seed(40) for _ in range(3)] == [40, 41, 42]
     assert 0 <= conv.reply_seed(None) < 0x7FFFFFFF
+
+
+WEATHER = [{"type": "function", "function": {"name": "weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}}}}]
+
+
+def _called(conversation: Conversation) -> tuple[int, ToolCall]:
+    """A user message answered by a reply that calls `weather`."""
+    tree = conversation.tree
+    user = conversation.send("weather in Oslo?").nodes[0]
+    call = ToolCall.new("weather", {"city": "Oslo"})
+    reply = tree.add_child(user.id, Role.ASSISTANT, "")
+    reply.meta[TOOL_CALLS] = [call.to_meta()]
+    return reply.id, call
+
+
+def test_tools_are_set_on_the_root_and_render_it_again() -> None:
+    conversation = Conversation(Tree("sys"))
+    conversation.tree.root.tokens = [1, 2, 3]
+    change = conversation.set_tools(WEATHER, {"weather": "forecast"})
+    root = conversation.tree.root
+    assert change.nodes == (root,) and root.tokens is None
+    assert root.meta[TOOLS] == WEATHER and root.meta[TOOL_SERVERS] == {"weather": "forecast"}
+    root.tokens = [1, 2]
+    assert conversation.set_tools(WEATHER, {"weather": "forecast"}) == Change()
+    assert root.tokens == [1, 2]  # unchanged: kept
+    conversation.set_tools([], {})
+    assert TOOLS not in root.meta and TOOL_SERVERS not in root.meta and root.tokens is None
+
+
+def test_results_are_tool_nodes_and_the_last_one_is_answered() -> None:
+    conversation = Conversation(Tree("sys"))
+    reply_id, call = _called(conversation)
+    second = ToolCall.new("weather", {"city": "Bergen"})
+    conversation.tree.node(reply_id).meta[TOOL_CALLS].append(second.to_meta())
+    change = conversation.answer_calls(reply_id, [(call, "sunny"), (second, "rain")])
+    first, last = change.nodes
+    assert (first.role, first.text, first.parent) == (Role.TOOL, "sunny", reply_id)
+    assert (last.text, last.parent, last.meta[TOOL_CALL_ID]) == ("rain", first.id, second.id)
+    assert change.reply == ReplyJob(last.id)
+    with pytest.raises(TreeError):
+        conversation.answer_calls(reply_id, [(ToolCall.new("weather", {}), "made up")])
+    with pytest.raises(TreeError):
+        conversation.answer_calls(first.id, [(call, "not a reply")])
+
+
+def test_a_tool_result_is_edited_regenerated_and_continued_like_a_message() -> None:
+    conversation = Conversation(Tree("sys"))
+    reply_id, call = _called(conversation)
+    result = conversation.answer_calls(reply_id, [(call, "sunny")]).nodes[0]
+    edited = conversation.edit(result.id, "snow")
+    new = edited.nodes[0]
+    assert (new.role, new.parent, new.meta[TOOL_CALL_ID]) == (Role.TOOL, reply_id, call.id)
+    assert edited.reply == ReplyJob(new.id)
+    answer = conversation.tree.add_child(new.id, Role.ASSISTANT, "it snows")
+    assert conversation.regenerate(answer.id).reply == ReplyJob(new.id)
+    assert conversation.continue_reply(new.id).reply == ReplyJob(new.id)
