@@ -41,8 +41,15 @@ below it from `author: {"role": "tool", "name": <the tool>}`, its text in `parts
   nor results.
 Arbor marks the calls and results it writes with the call's id in
 `metadata.arbor_tool_call_id`, a key ChatGPT's readers ignore; these are read as written,
-answered or not. The tools the conversation offered are in the conversation's own
-`arbor_tools` key (readers take the keys they know).
+answered or not. The tools the conversation offered go in the conversation's own
+`arbor_tools` key (readers take the keys they know). So a file Arbor wrote comes back with
+the same calls, results and tools.
+
+Export writes a reply that calls tools as its text, an ordinary message (left out when
+empty, unless the reply is the only child of an assistant reply, whose calls they would be
+read as), then each call as an assistant message of `recipient` = the tool's name and
+`content: {"content_type": "code", "language": "json", "text": <arguments>}`, one below the
+other; a tool node as a message of `author: {"role": "tool", "name": <the tool>}`.
 
 The conversations are parsed one at a time and the count limit is checked as they come, so
 memory holds the decoded text, one conversation's JSON and the records made so far.
@@ -58,7 +65,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, NoReturn
 
 from engine.core.records import MAX_NODES, ConversationRecord, NodeRecord
-from engine.core.tools import TOOL_CALL_ID, TOOL_CALLS, TOOLS, ToolCall
+from engine.core.tools import TOOL_CALL_ID, TOOL_CALLS, TOOLS, ToolCall, calls_of, tools_of
 from engine.core.tree import NodeStatus, Role
 from engine.files.regular import FormatError
 from engine.files.strict_json import (
@@ -619,23 +626,55 @@ def _export_conversation(record: ConversationRecord) -> dict[str, Any]:
     check_record(record)
     space = uuid.uuid5(_EXPORT_NAMESPACE, ascii((record.title, record.created, record.root.id)))
 
-    def new_id(node_id: str) -> str:
-        return str(uuid.uuid5(space, ascii(node_id)))  # ascii() output never equals "\0root"
+    def new_id(key: str | tuple[str, int]) -> str:
+        # ascii() of a node id never equals "\0root", nor that of a (node id, call) pair
+        return str(uuid.uuid5(space, ascii(key)))
 
     top = str(uuid.uuid5(space, "\0root"))
     mapping: dict[str, dict[str, Any]] = {top: _mapping_node(top, None, None)}
-    anchor = {record.root.id: top}
+    anchor = {record.root.id: top}  # node id -> the message its children hang under
     if record.root.text:
         system_id = new_id(record.root.id)
         _attach(mapping, system_id, top, _message(system_id, record.root, "system"))
         anchor[record.root.id] = system_id
+    by_id = {node.id: node for node in record.nodes}
+    kids = Counter(node.parent for node in record.nodes)
+    names: dict[str, dict[str, str]] = {}  # reply or result -> its reply's tools by call id
     for node in _pre_order(record)[1:]:
-        node_id = new_id(node.id)
         parent = anchor[node.parent] if node.parent is not None else top
-        _attach(mapping, node_id, parent, _message(node_id, node, node.role.value))
-        anchor[node.id] = node_id
+        calls = calls_of(node.meta) if node.role is Role.ASSISTANT else ()
+        if node.role is Role.TOOL:
+            run = names.get(node.parent or "")
+            call_id = node.meta.get(TOOL_CALL_ID)
+            call_id = call_id if isinstance(call_id, str) else None
+            name = run.get(call_id) if run is not None and call_id is not None else None
+            message = _tool_message(new_id(node.id), node, name, call_id)
+            _attach(mapping, message["id"], parent, message)
+            anchor[node.id] = message["id"]
+            if run is not None:
+                names[node.id] = run
+            continue
+        if not calls:
+            message = _message(new_id(node.id), node, node.role.value)
+            _attach(mapping, message["id"], parent, message)
+            anchor[node.id] = message["id"]
+            continue
+        # The text is left out when empty, unless the calls would then follow an assistant
+        # message of which they hang alone: they would be read as that reply's.
+        above = by_id[node.parent] if node.parent is not None else record.root
+        first = True
+        if node.text or (above.role is Role.ASSISTANT and kids[above.id] == 1):
+            message = _message(new_id(node.id), node, "assistant")
+            _attach(mapping, message["id"], parent, message)
+            parent, first = message["id"], False
+        for index, call in enumerate(calls):
+            message = _call_message(new_id((node.id, index)), node, call, first)
+            _attach(mapping, message["id"], parent, message)
+            parent, first = message["id"], False
+        anchor[node.id] = parent
+        names[node.id] = {call.id: call.name for call in calls}
     conversation_id = str(space)
-    return {
+    conversation: dict[str, Any] = {
         "title": record.title,
         "create_time": _written_time(record.created),
         "update_time": _written_time(record.updated),
@@ -646,6 +685,10 @@ def _export_conversation(record: ConversationRecord) -> dict[str, Any]:
         "conversation_id": conversation_id,
         "id": conversation_id,
     }
+    tools = tools_of(record.root.meta)
+    if tools:
+        conversation[ARBOR_TOOLS] = tools
+    return conversation
 
 
 def _pre_order(record: ConversationRecord) -> list[NodeRecord]:
@@ -692,6 +735,32 @@ def _message(node_id: str, node: NodeRecord, role: str) -> dict[str, Any]:
         "metadata": {},
         "recipient": "all",
     }
+
+
+def _call_message(node_id: str, node: NodeRecord, call: ToolCall, first: bool) -> dict[str, Any]:
+    """A call as ChatGPT writes one: addressed to the tool, the arguments as JSON code. The
+    first message written for a reply carries its status."""
+    message = _message(node_id, node, "assistant")
+    if not first:
+        message["status"] = "finished_successfully"
+    message.update(
+        content={"content_type": "code", "language": "json", "response_format_name": None,
+                 "text": call.arguments},
+        end_turn=False,
+        metadata={ARBOR_CALL_ID: call.id},
+        recipient=call.name,
+    )
+    return message
+
+
+def _tool_message(
+    node_id: str, node: NodeRecord, name: str | None, call_id: str | None
+) -> dict[str, Any]:
+    """A result as ChatGPT writes one: from the tool, by name (None: a call not found)."""
+    message = _message(node_id, node, "tool")
+    message["author"]["name"] = name
+    message["metadata"] = {ARBOR_CALL_ID: call_id}
+    return message
 
 
 def _written_time(value: float) -> float | None:

@@ -10,15 +10,22 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from engine.core.records import ConversationRecord, NodeRecord, to_tree, validate
-from engine.core.tools import TOOL_CALL_ID, TOOL_CALLS, ToolCall
-from engine.core.tree import Role
+from engine.core.records import ConversationRecord, NodeRecord, from_tree, to_tree, validate
+from engine.core.tools import TOOL_CALL_ID, TOOL_CALLS, TOOLS, ToolCall, calls_of
+from engine.core.tree import NodeStatus, Role, Tree
 from engine.files.regular import FormatError
-from engine.storage.formats.chatgpt import ARBOR_CALL_ID, parse_chatgpt
+from engine.storage.formats.chatgpt import ARBOR_CALL_ID, export_chatgpt, parse_chatgpt
+from engine.storage.store import Store
+from engine.storage.transfer import FileFormat, export_file, import_file
+
+WEATHER = [{"type": "function", "function": {
+    "name": "get_weather", "parameters": {"type": "object",
+                                          "properties": {"city": {"type": "string"}}}}}]
 
 # --- ChatGPT's messages, as real exports hold them --------------------------------------------
 
@@ -319,7 +326,130 @@ def test_a_call_at_the_top_gets_an_empty_system_root_above_its_reply() -> None:
     assert [n.role for n in to_tree(record).messages()] == [Role.ASSISTANT, Role.TOOL]
 
 
-# --- files of an older Arbor ---------------------------------------------------------------
+# --- Arbor -> ChatGPT -> Arbor ------------------------------------------------------------------
+
+
+def _edited_result_tree() -> Tree:
+    """A call, two results on two branches (the second an edit of the first), an answer
+    after each; then a reply with two calls and no text; the tools offered on the root."""
+    tree = Tree("Weather help.")
+    tree.root.meta[TOOLS] = WEATHER
+    user = tree.add_child(tree.root_id, Role.USER, "Rain in Oslo?")
+    reply = tree.add_child(user.id, Role.ASSISTANT, "Let me check.")
+    reply.meta[TOOL_CALLS] = [_call("call_1", "get_weather", '{"city": "Oslo"}')]
+    first = tree.add_child(reply.id, Role.TOOL, '{"rain": false}')
+    first.meta[TOOL_CALL_ID] = "call_1"
+    tree.add_child(first.id, Role.ASSISTANT, "No rain.")
+    edited = tree.add_sibling(first.id, '{"rain": true, "mm": 4}')
+    edited.meta[TOOL_CALL_ID] = "call_1"
+    answer = tree.add_child(edited.id, Role.ASSISTANT, "Yes, 4 mm.")
+    more = tree.add_child(answer.id, Role.USER, "And Bergen and Tromsø?")
+    both = tree.add_child(more.id, Role.ASSISTANT, "", status=NodeStatus.INTERRUPTED)
+    both.meta[TOOL_CALLS] = [_call("call_2", "get_weather", '{"city": "Bergen"}'),
+                             _call("call_3", "get_weather", '{"city": "Tromsø"}')]
+    bergen = tree.add_child(both.id, Role.TOOL, "dry")
+    bergen.meta[TOOL_CALL_ID] = "call_2"
+    tromso = tree.add_child(bergen.id, Role.TOOL, "snow")
+    tromso.meta[TOOL_CALL_ID] = "call_3"
+    tree.add_child(tromso.id, Role.ASSISTANT, "Bergen dry, Tromsø snow.")
+    tree.switch_variant(first.id, 1)
+    return tree
+
+
+Full = tuple[str, str, str, bool, dict[str, Any], tuple[Any, ...]]
+
+
+def _full_shape(record: ConversationRecord) -> Full:
+    """The whole tree up to ids: role, text, status, on the active path, meta, children."""
+    tree = to_tree(record)
+    active = {node.id for node in tree.active_path()}
+
+    def build(node_id: int) -> Full:
+        node = tree.node(node_id)
+        return (node.role.value, node.text, node.status.value, node_id in active,
+                dict(node.meta), tuple(build(child) for child in node.children))
+
+    return build(tree.root_id)
+
+
+def test_round_trip_keeps_calls_results_on_two_branches_and_the_tools() -> None:
+    record = from_tree(_edited_result_tree(), title="Rain")
+    (again,) = parse_chatgpt(export_chatgpt([record]))
+    validate(again)
+    assert _full_shape(again) == _full_shape(record)
+    assert [n.text for n in to_tree(again).active_path()] == [
+        n.text for n in to_tree(record).active_path()]
+    assert again.root.meta == {TOOLS: WEATHER}
+    assert export_chatgpt([again]) == export_chatgpt([again])  # deterministic
+
+
+def test_export_writes_chatgpt_shapes() -> None:
+    record = from_tree(_edited_result_tree(), title="Rain")
+    (conversation,) = json.loads(export_chatgpt([record]))
+    assert conversation["arbor_tools"] == WEATHER
+    messages = [node["message"] for node in conversation["mapping"].values() if node["message"]]
+    (text,) = [m for m in messages if m["content"].get("parts") == ["Let me check."]]
+    assert (text["author"]["role"], text["recipient"], text["metadata"]) == ("assistant", "all",
+                                                                            {})
+    calls = [m for m in messages if m["recipient"] != "all"]
+    assert calls[0]["content"] == {
+        "content_type": "code", "language": "json", "response_format_name": None,
+        "text": '{"city": "Oslo"}'}
+    assert [(m["author"]["role"], m["recipient"], m["metadata"], m["end_turn"]) for m in calls] == [
+        ("assistant", "get_weather", {ARBOR_CALL_ID: f"call_{i}"}, False) for i in (1, 2, 3)]
+    results = [m for m in messages if m["author"]["role"] == "tool"]
+    assert [(m["author"]["name"], m["content"]["parts"], m["metadata"], m["recipient"])
+            for m in results] == [
+        ("get_weather", ['{"rain": false}'], {ARBOR_CALL_ID: "call_1"}, "all"),
+        ("get_weather", ['{"rain": true, "mm": 4}'], {ARBOR_CALL_ID: "call_1"}, "all"),
+        ("get_weather", ["dry"], {ARBOR_CALL_ID: "call_2"}, "all"),
+        ("get_weather", ["snow"], {ARBOR_CALL_ID: "call_3"}, "all"),
+    ]
+    # The reply without text has no text message: its first call carries its status.
+    assert [m["status"] for m in calls] == ["finished_successfully",
+                                           "finished_partial_completion",
+                                           "finished_successfully"]
+    by_id = conversation["mapping"]
+    first_call = next(n for n in by_id.values() if n["message"] is calls[0])
+    assert by_id[first_call["parent"]]["message"] is text
+
+
+def test_calls_after_a_reply_they_hang_alone_under_keep_their_own_reply() -> None:
+    """A reply with calls and no text under an assistant reply (a continued or second reply)
+    gets an empty text message, or it would come back as part of the reply above."""
+    tree = Tree()
+    user = tree.add_child(tree.root_id, Role.USER, "Q")
+    said = tree.add_child(user.id, Role.ASSISTANT, "First part.")
+    calls = tree.add_child(said.id, Role.ASSISTANT, "")
+    calls.meta[TOOL_CALLS] = [_call("c9", "t", "{}")]
+    again = tree.add_child(calls.id, Role.ASSISTANT, "")  # calls again, right below
+    again.meta[TOOL_CALLS] = [_call("c10", "t", "{}")]  # unanswered: Arbor's are kept
+    record = from_tree(tree, title="Two")
+    data = export_chatgpt([record])
+    (back,) = parse_chatgpt(data)
+    assert _full_shape(back) == _full_shape(record)
+    messages = [n["message"] for n in json.loads(data)[0]["mapping"].values() if n["message"]]
+    assert [m["content"].get("parts") for m in messages if m["recipient"] == "all"] == [
+        ["Q"], ["First part."], [""], [""]]
+
+
+def test_odd_arbor_trees_survive_too() -> None:
+    """A result whose call is nowhere above, one without a call id, arguments that are not
+    JSON, a tool named "all", calls held by a user message (not written: only replies call)."""
+    tree = Tree()
+    user = tree.add_child(tree.root_id, Role.USER, "Q")
+    user.meta[TOOL_CALLS] = [_call("u1", "t", "{}")]
+    reply = tree.add_child(user.id, Role.ASSISTANT, "")
+    reply.meta[TOOL_CALLS] = [_call("c1", "all", "not json"), _call("c2", "t", "")]
+    stray = tree.add_child(reply.id, Role.TOOL, "for a call not made")
+    stray.meta[TOOL_CALL_ID] = "elsewhere"
+    tree.add_child(stray.id, Role.TOOL, "no id at all")
+    record = from_tree(tree, title="Odd")
+    (back,) = parse_chatgpt(export_chatgpt([record]))
+    user.meta.pop(TOOL_CALLS)
+    assert _full_shape(back) == _full_shape(from_tree(tree, title="Odd"))
+    (replied,) = [n for n in back.nodes if n.role is Role.ASSISTANT]
+    assert calls_of(replied.meta) == (ToolCall("c1", "all", "not json"), ToolCall("c2", "t", ""))
 
 
 def test_an_arbor_file_without_tool_data_reads_as_before() -> None:
@@ -412,3 +542,13 @@ def test_bad_tool_data_is_a_format_error(
     with pytest.raises(FormatError, match=match) as caught:
         parse_chatgpt(good[:-1] + b"," + json.dumps(conversation).encode() + b"]")
     assert "\n" not in str(caught.value) and "conversation 2" in str(caught.value)
+
+
+def test_round_trip_through_the_store_and_the_file(tmp_path: Path) -> None:
+    """File > Export and File > Import: the store's record out, the file's records in."""
+    with Store(tmp_path / "a.db") as store:
+        cid = store.create(_edited_result_tree(), title="Rain")
+        path = tmp_path / "conversations.json"
+        export_file(store, [cid], path, FileFormat.CHATGPT)
+        (new_id,) = import_file(path, store).conversation_ids
+        assert _full_shape(store.record(new_id)) == _full_shape(store.record(cid))
