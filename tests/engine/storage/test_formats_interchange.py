@@ -658,7 +658,28 @@ def test_tool_calls_and_results_survive_openai_messages_and_show_in_markdown() -
 
 # --- fuzzing ---------------------------------------------------------------------------------
 
-BASES = [SAMPLE, export_chatgpt(parse_chatgpt(SAMPLE)), _dump([_chain_conversation(4)])]
+def _plugin_conversation() -> dict[str, Any]:
+    """A plugin call after the reply's text, two results of it on two branches, an answer."""
+    call = {"content_type": "code", "language": "unknown", "text": '{"city": "Oslo"}'}
+    mapping = [
+        _node("r", None, None, ["u"]),
+        _node("u", _message("u", "user", ["Rain?"], t=1.0), "r", ["say"]),
+        _node("say", _message("say", "assistant", ["Checking."], t=2.0), "u", ["c"]),
+        _node("c", _message("c", "assistant", t=3.0, content=call, recipient="w.get"), "say",
+              ["t1", "t2"]),
+        _node("t1", _message("t1", "tool", ["dry"], t=4.0), "c", ["a1"]),
+        _node("t2", _message("t2", "tool", ["wet"], t=5.0), "c", []),
+        _node("a1", _message("a1", "assistant", ["Dry."], t=6.0), "t1", []),
+    ]
+    for node in mapping[4:6]:
+        node["message"]["author"]["name"] = "w.get"
+    return {"title": "Plugin", "mapping": {node["id"]: node for node in mapping},
+            "current_node": "a1", "arbor_tools": [{"type": "function",
+                                                   "function": {"name": "w.get"}}]}
+
+
+BASES = [SAMPLE, export_chatgpt(parse_chatgpt(SAMPLE)), _dump([_chain_conversation(4)]),
+         _dump([_plugin_conversation()]), export_chatgpt([from_tree(_tool_tree(), title="T")])]
 INTERESTING_BYTES = b'{}[]",:\\0123456789eE-+.ntfu \xff\xc3\x80'
 Mutator = Callable[[bytes, st.DataObject], bytes]
 
