@@ -767,6 +767,9 @@ def json_grammar(schema: str, around: tuple[str, str] = ("", "")) -> str:
         except Exception as exc:  # the converter raises many kinds: all the schema's fault
             raise UnsupportedRequest(f"this JSON schema cannot be turned into a grammar: "
                                      f"{exc}") from None
+        # The port lets a string hold control characters raw, which JSON does not (json.loads
+        # refuses them); llama.cpp's own converter keeps them out, as this does.
+        grammar = grammar.replace('char ::= [^"\\\\] |', 'char ::= [^"\\\\\\x7F\\x00-\\x1F] |', 1)
     if around == ("", ""):
         return grammar
     # A rule of its own around the JSON's root, which the sampler starts from (WRAPPED_ROOT).

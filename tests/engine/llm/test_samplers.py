@@ -151,6 +151,28 @@ def _is_json(text: str) -> bool:
     return True
 
 
+def test_a_json_string_holds_no_raw_control_character(
+    tiny_models: dict[str, Path], make_runtime: RuntimeFactory
+) -> None:
+    """JSON allows no raw newline or tab in a string (json.loads refuses one): the grammar
+    draws again when the model wants one there."""
+    model = make_runtime(tiny_models["dense"], n_ctx=256, n_batch=32).model
+    schema = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}
+    sampler = Sampler(replace(GREEDY, json_schema=json.dumps(schema)), 0, model=model)
+    rng = np.random.default_rng(0)
+    pushed = [*model.tokenize('{"a": "'), *model.tokenize("\n\t") * 4]
+    try:
+        tokens = []
+        for token in pushed:
+            logits = rng.normal(0.0, 1.0, model.n_vocab).astype(np.float32)
+            logits[token] += 100.0
+            tokens.append(sampler.sample_logits(logits))
+    finally:
+        sampler.close()
+    text = b"".join(model.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
+    assert text.startswith('{"a": "') and not any(ch in text for ch in "\n\t\r")
+
+
 def test_what_no_grammar_or_vocabulary_allows_is_refused(
     tiny_models: dict[str, Path], make_runtime: RuntimeFactory
 ) -> None:
