@@ -5,7 +5,8 @@ SmolLM2 (the bundled model) on one prompt, greedy; per round the plain reply and
 under the lazy Hermes call grammar of two tools, in alternating order, each from the same
 prepared prompt (the prompt is the same: SmolLM2's template takes no tools, and what is
 measured is the sampler). Both replies are the same tokens (checked). Also, for scale, a
-forced call's grammar (it holds from the first token, and the reply is short).
+forced call's grammar (it holds from the first token, and the reply is short), and "auto"
+once a call has begun (told that the reply so far opened one: `LazyGrammar.written`).
 
     flock /tmp/arbor-model.lock .venv/bin/python -m tests.bench.bench_tool_grammar --rounds 6
 
@@ -53,9 +54,14 @@ def main() -> None:
     asked = tree.add_child(tree.root.id, Role.USER,
                            "Tell me a long story about a river that runs to the sea.")
     path = tree.path_to(asked.id)
-    modes = {"no tools": GREEDY, "auto, lazy grammar": call_sampling(GREEDY, TOOLS, HERMES),
+    lazy = call_sampling(GREEDY, TOOLS, HERMES)
+    assert lazy.json_lazy is not None
+    modes = {"no tools": GREEDY, "auto, lazy grammar": lazy,
              "forced call": call_sampling(replace(GREEDY, tool_choice="required"), TOOLS,
-                                          HERMES)}
+                                          HERMES),
+             "auto, call begun": replace(lazy, json_lazy=replace(
+                 lazy.json_lazy, written='<tool_call>\n{"name": "get_weather", "arguments": '
+                                         '{"city": "'))}
     times: dict[str, list[float]] = {mode: [] for mode in modes}
     counts: dict[str, int] = {}
     for round_ in range(args.rounds):
