@@ -511,11 +511,6 @@ def completion(ident: str, model: str, text: str, finish: str, usage: Usage,
             "usage": usage.body()}
 
 
-def call_deltas(calls: tuple[ToolCall, ...]) -> dict[str, Any]:
-    """A stream's delta with the calls, whole (OpenAI's shape: an index per call)."""
-    return {"tool_calls": [{"index": i, **call.to_openai()} for i, call in enumerate(calls)]}
-
-
 def chunk(ident: str, model: str, *, delta: dict[str, Any] | None = None,
           finish: str | None = None, usage: Usage | None = None,
           choices: bool = True, logprobs: Sequence[TokenLogprob] | None = None

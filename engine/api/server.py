@@ -33,12 +33,12 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from engine.api.calls import CallDelta
 from engine.api.guard import BACKLOG, ConnectionLimits, fd_limit, guarded_protocol
 from engine.api.schema import (
     MAX_BODY_BYTES,
     ApiError,
     ChatRequest,
-    call_deltas,
     chunk,
     completion,
     completion_id,
@@ -222,7 +222,7 @@ class _Api:
             return EventSourceResponse(_stream(request, job, inbox, first, chat, ident, model),
                                        ping=15, headers={"Cache-Control": "no-cache"})
         item: Delivery | None = first
-        while isinstance(item, Text):  # the text comes whole with the outcome
+        while isinstance(item, Text | CallDelta):  # the text comes whole with the outcome
             item = await _next(request, job, inbox)
         if item is None:
             return Response(status_code=499)
@@ -249,26 +249,54 @@ async def _stream(request: Request, job: Job, inbox: asyncio.Queue[Delivery],
             if isinstance(item, Answer):
                 if item.logprobs is not None:  # all at the end: the text came in pieces
                     yield data(chunk(ident, model, delta={}, logprobs=item.logprobs))
-                if item.calls:
-                    yield data(chunk(ident, model, delta=call_deltas(item.calls)))
+                # Its calls went out as deltas while the model wrote them (engine.api.calls).
                 yield data(chunk(ident, model, finish=item.finish))
                 if chat.include_usage:
                     yield data(chunk(ident, model, usage=item.usage, choices=False))
                 break
-            # Whatever text has arrived meanwhile goes out as one chunk.
-            text, item = item.text, None
+            # Whatever has arrived meanwhile goes out together: text as one chunk, a call's
+            # arguments as one delta.
+            pieces: list[Text | CallDelta] = [item]
+            item = None
             while item is None and not inbox.empty():
                 queued = inbox.get_nowait()
-                if isinstance(queued, Text):
-                    text += queued.text
+                if isinstance(queued, Text | CallDelta):
+                    pieces.append(queued)
                 else:
                     item = queued
-            yield data(chunk(ident, model, delta={"content": text}))
+            for delta in _merged(pieces):
+                yield data(chunk(ident, model, delta=delta))
             if item is None:
                 item = await _next(request, job, inbox)
         yield {"data": "[DONE]"}
     finally:
         job.cancelled.set()  # finished, failed or abandoned: nothing more runs for it
+
+
+def _merged(pieces: list[Text | CallDelta]) -> list[dict[str, Any]]:
+    """The deltas of pieces that arrived together: neighbouring text joined, and a call's
+    neighbouring arguments (its first delta stays one of its own, as OpenAI sends it)."""
+    out: list[dict[str, Any]] = []
+    last: Text | CallDelta | None = None
+    for piece in pieces:
+        if isinstance(piece, Text) and isinstance(last, Text):
+            last = Text(last.text + piece.text)
+        elif isinstance(piece, CallDelta) and isinstance(last, CallDelta) \
+                and piece.id is None and last.id is None and piece.index == last.index:
+            last = CallDelta(last.index, last.arguments + piece.arguments)
+        else:
+            if last is not None:
+                out.append(_delta(last))
+            last = piece
+    if last is not None:
+        out.append(_delta(last))
+    return out
+
+
+def _delta(piece: Text | CallDelta) -> dict[str, Any]:
+    if isinstance(piece, Text):
+        return {"content": piece.text}
+    return {"tool_calls": [piece.body()]}
 
 
 async def _next(request: Request, job: Job, inbox: asyncio.Queue[Delivery]

@@ -42,9 +42,9 @@ class StopScanner:
 class CallHoldback:
     """With tools offered, the text of a tool call is not content: what may begin one is
     held back (any known family's marker, or a reply that opens with a JSON object, as Llama
-    3's calls are written), and once one begins nothing more is streamed as text; the reply's
-    calls come whole when it ends (engine.core.tools parses them where the template is
-    known)."""
+    3's calls are written), and once one begins nothing more is passed on as text: the calls
+    go out as `tool_calls` deltas (engine.api.calls), and what the reply said besides comes
+    when it ends (engine.core.tools parses the calls where the template is known)."""
 
     def __init__(self, markers: Sequence[str]) -> None:
         self.markers = tuple(markers)
@@ -52,19 +52,25 @@ class CallHoldback:
         self.text = ""
         self.shown = ""  # what was passed on as content
         self.calling = False
+        self.marker: str | None = None  # the marker the call began with (None: a JSON object)
+        self.begun = 0  # where in `text` the call's own text begins (after its marker)
 
     def feed(self, piece: str) -> str:
         if self.calling:
             return ""
         self.text += piece
-        if self.text.lstrip().startswith("{"):
+        body = self.text.lstrip()
+        if body.startswith("{"):
             self.calling = True
+            self.begun = len(self.text) - len(body)
             return ""
-        found = [i for i in (self.text.find(m) for m in self.markers) if i >= 0]
+        found = [(i, m) for i, m in ((self.text.find(m), m) for m in self.markers) if i >= 0]
         if found:
+            at, self.marker = min(found)
             self.calling = True
-            return self._release(min(found))
-        if not self.text.strip():
+            self.begun = at + len(self.marker)
+            return self._release(at)
+        if not body:
             return ""  # a reply may still open with a JSON call
         return self._release(len(self.text) - self._hold)
 

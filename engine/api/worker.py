@@ -20,8 +20,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
+from engine.api.calls import CallDelta, CallStream
 from engine.api.schema import ApiError, ChatRequest, Usage
-from engine.api.stops import CallHoldback, StopScanner
+from engine.api.stops import StopScanner
 from engine.config.params import SamplingParams
 from engine.core.errors import ArborError, Cancelled, EngineCrashed
 from engine.core.results import (
@@ -34,7 +35,7 @@ from engine.core.results import (
     Stopped,
     TokenLogprob,
 )
-from engine.core.tools import FORMATS, ToolCall, calls_of
+from engine.core.tools import FORMATS, TOOL_CALLS, ToolCall, calls_of
 from engine.core.tree import Node
 from engine.llm.reply import CancelFn, PieceFn
 from engine.service.protocol import ModelLoaded
@@ -61,7 +62,7 @@ class Answer:
     logprobs: tuple[TokenLogprob, ...] | None = None  # None: not asked for
 
 
-Delivery = Text | Answer | ApiError
+Delivery = Text | CallDelta | Answer | ApiError
 
 
 @dataclass(frozen=True)
@@ -276,20 +277,24 @@ class ApiWorker:
         except ArborError as exc:  # the store: locked past its timeout, a full disk
             raise _not_saved(exc) from None
         stops = StopScanner(request.stop)
-        held = CallHoldback([f.marker for f in FORMATS]) if request.tools else None
+        sampling = request.sampling(engine.sampling())
+        held = CallStream(FORMATS, parallel=sampling.parallel_tool_calls) \
+            if request.tools else None
         streamed: list[str] = []
 
         def show(text: str) -> None:
+            deltas: list[CallDelta] = []
             if held is not None:
-                text = held.feed(text)
+                text, deltas = held.feed(text)
             if text:
                 job.deliver(Text(text))
+            for delta in deltas:
+                job.deliver(delta)
 
         def on_piece(piece: str) -> None:
             streamed.append(piece)
             show(stops.feed(piece))
 
-        sampling = request.sampling(engine.sampling())
         outcome = engine.reply(
             begun.path, max_tokens=request.max_tokens or loaded.n_ctx, seed=begun.seed,
             on_piece=on_piece, sampling=sampling, scope=request.scope,
@@ -302,6 +307,14 @@ class ApiWorker:
             else:  # cut at a stop sequence: the node keeps the text the client got
                 outcome = replace(outcome, text=before + stops.text,
                                   report=replace(outcome.report, finish=FinishReason.STOP))
+            if held is not None:  # the calls' deltas still owed; the ids they gave are kept
+                owed, made = held.finish(calls_of(dict(outcome.meta)))
+                for delta in owed:
+                    job.deliver(delta)
+                if made:
+                    outcome = replace(outcome, meta=tuple(
+                        (key, [c.to_meta() for c in made] if key == TOOL_CALLS else value)
+                        for key, value in outcome.meta))
         try:
             warm = trees.finish(begun, outcome, "".join(streamed),
                                 stops.text if stops.hit else None)

@@ -35,6 +35,20 @@ class ContextParams:
 
 
 @dataclass(frozen=True)
+class LazyGrammar:
+    """Where a lazy JSON grammar holds (a tool call under tool_choice "auto", as llama-server
+    makes one): the reply is free until it writes `trigger`; from there on the grammar of
+    `SamplingParams.json_schema` between `json_around` holds (whitespace at their edges is
+    free), and once that JSON is complete the reply is free again until the next trigger.
+    Until a trigger the reply is the one the same sampler writes without any grammar."""
+
+    trigger: str  # the text a call begins with (its format's marker)
+    at_open: bool = False  # a reply whose text opens with "{" begins one too (Llama 3's)
+    joiner: str = ""  # between the JSON values after one trigger ("," in Mistral's list)
+    written: str = ""  # the reply's text before this generation (a continued reply's)
+
+
+@dataclass(frozen=True)
 class SamplingParams:
     """How a reply's tokens are drawn: llama.cpp's samplers, applied in llama-server's order
     (logit bias, the JSON grammar, penalties, top-k, top-p, min-p, temperature). The
@@ -52,6 +66,7 @@ class SamplingParams:
     # The JSON schema (its JSON text) the reply must follow, by a llama.cpp grammar; None: free.
     json_schema: str | None = None
     json_around: tuple[str, str] = ("", "")  # literal text the JSON comes between
+    json_lazy: LazyGrammar | None = None  # None: the grammar holds from the reply's start
     # When the conversation offers tools (engine.core.tools): "auto" (the model may call
     # them), "required" (it must call one) or a tool's name (it must call that one); a
     # forced call is made by a grammar of the tools' schemas in the model's call format.

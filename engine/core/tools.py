@@ -27,6 +27,11 @@ TOOL_SERVERS = "tool_servers"  # root meta in the window: the MCP server of each
 TOOL_META = (TOOLS, TOOL_CALLS, TOOL_CALL_ID)  # the meta keys the engine must see
 
 
+def call_id() -> str:
+    """A new call's id, as OpenAI's look."""
+    return f"call_{uuid.uuid4().hex[:24]}"
+
+
 @dataclass(frozen=True)
 class ToolCall:
     id: str
@@ -35,8 +40,7 @@ class ToolCall:
 
     @staticmethod
     def new(name: str, arguments: Mapping[str, Any]) -> ToolCall:
-        return ToolCall(f"call_{uuid.uuid4().hex[:24]}", name,
-                        json.dumps(arguments, ensure_ascii=False))
+        return ToolCall(call_id(), name, json.dumps(arguments, ensure_ascii=False))
 
     def to_meta(self) -> dict[str, str]:
         return {"id": self.id, "name": self.name, "arguments": self.arguments}
@@ -130,6 +134,8 @@ class ToolFormat:
     marker: str  # the text a reply's calls begin with
     prefix: str  # what a forced call starts with (before the JSON object)
     suffix: str  # and ends with
+    at_open: bool = False  # a reply that opens with a JSON object is a call too
+    joiner: str = ""  # between the calls after one marker ("" : a marker per call)
 
     def parse(self, text: str, accept: Accept) -> tuple[str, list[tuple[str, dict[str, Any]]]]:
         """(what the reply said besides, the calls) of a reply's text. A call whose JSON does
@@ -146,8 +152,8 @@ class ToolFormat:
 
 
 HERMES = ToolFormat("hermes", "<tool_call>", "<tool_call>\n", "\n</tool_call>")
-MISTRAL = ToolFormat("mistral", "[TOOL_CALLS]", "[TOOL_CALLS][", "]")
-LLAMA3 = ToolFormat("llama3", "<|python_tag|>", "", "")
+MISTRAL = ToolFormat("mistral", "[TOOL_CALLS]", "[TOOL_CALLS][", "]", joiner=",")
+LLAMA3 = ToolFormat("llama3", "<|python_tag|>", "", "", at_open=True)
 FORMATS = (HERMES, MISTRAL, LLAMA3)
 
 

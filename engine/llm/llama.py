@@ -372,6 +372,14 @@ class LlamaModel:
     def is_eog(self, token: int) -> bool:
         return bool(lc.llama_vocab_is_eog(self.vocab, token))
 
+    @property
+    def eog(self) -> int:
+        """An end-of-generation token (EOS, else EOT); -1 if the vocabulary has neither."""
+        for token in (int(lc.llama_vocab_eos(self.vocab)), int(lc.llama_vocab_eot(self.vocab))):
+            if token >= 0 and self.is_eog(token):
+                return token
+        return -1
+
     def special_text(self, token: int) -> str:
         return self.token_text(token) if token >= 0 else ""
 
@@ -640,7 +648,15 @@ class Sampler:
     A JSON schema's grammar is applied as llama-server applies it (common/sampling.cpp): the
     chain draws a token, the grammar checks that one; only when it refuses is the draw made
     again from the logits the grammar allows. Checking every token of the vocabulary at
-    every step costs more than the decode on a small model."""
+    every step costs more than the decode on a small model.
+
+    A lazy grammar (`SamplingParams.json_lazy`: a tool call under "auto") holds only from its
+    trigger on: until then the chain alone draws, as it does without a grammar, and each
+    token's text is watched for the trigger. The trigger is found here, not by llama.cpp's
+    own lazy grammar, whose trigger check runs inside `llama_sampler_accept` and throws a C++
+    exception (which ends the process under ctypes) when the text after the trigger in the
+    same token is not what the grammar allows; here every token is checked before the grammar
+    takes it."""
 
     def __init__(self, params: SamplingParams, seed: int, *, model: LlamaModel | None = None,
                  history: Sequence[int] = ()) -> None:
@@ -648,6 +664,12 @@ class Sampler:
         chain_params.no_perf = True
         self._ptr = lc.llama_sampler_chain_init(chain_params)
         self._grammar: Any = None
+        self._model = model
+        self._lazy = params.json_lazy
+        self._holding = self._lazy is None  # whether the grammar (if any) applies now
+        self._free = b""  # lazy, while free: the text since the last call, as the trigger needs
+        self._opened = False  # lazy: the reply has written something other than whitespace
+        self._eog = -1  # an end-of-generation token: the grammar allows it once it is complete
         try:
             self._add_constraints(params, model, history)
         except BaseException:
@@ -655,15 +677,19 @@ class Sampler:
             raise
         if params.greedy:
             lc.llama_sampler_chain_add(self._ptr, lc.llama_sampler_init_greedy())
-            return
-        if params.top_k > 0:
-            lc.llama_sampler_chain_add(self._ptr, lc.llama_sampler_init_top_k(params.top_k))
-        if params.top_p < 1.0:
-            lc.llama_sampler_chain_add(self._ptr, lc.llama_sampler_init_top_p(params.top_p, 1))
-        if params.min_p > 0.0:
-            lc.llama_sampler_chain_add(self._ptr, lc.llama_sampler_init_min_p(params.min_p, 1))
-        lc.llama_sampler_chain_add(self._ptr, lc.llama_sampler_init_temp(params.temperature))
-        lc.llama_sampler_chain_add(self._ptr, lc.llama_sampler_init_dist(seed & 0xFFFFFFFF))
+        else:
+            if params.top_k > 0:
+                lc.llama_sampler_chain_add(self._ptr, lc.llama_sampler_init_top_k(params.top_k))
+            if params.top_p < 1.0:
+                lc.llama_sampler_chain_add(self._ptr,
+                                           lc.llama_sampler_init_top_p(params.top_p, 1))
+            if params.min_p > 0.0:
+                lc.llama_sampler_chain_add(self._ptr,
+                                           lc.llama_sampler_init_min_p(params.min_p, 1))
+            lc.llama_sampler_chain_add(self._ptr, lc.llama_sampler_init_temp(params.temperature))
+            lc.llama_sampler_chain_add(self._ptr, lc.llama_sampler_init_dist(seed & 0xFFFFFFFF))
+        if self._lazy is not None and self._grammar is not None and self._lazy.written:
+            self._watch(self._lazy.written.encode("utf-8"))
 
     def _add_constraints(self, params: SamplingParams, model: LlamaModel | None,
                          history: Sequence[int]) -> None:
@@ -673,8 +699,14 @@ class Sampler:
         if model is None:
             raise ValueError("logit bias, grammars and penalties need the model's vocabulary")
         if params.json_schema is not None:
-            grammar = json_grammar(params.json_schema, params.json_around)
-            root = "root" if params.json_around == ("", "") else WRAPPED_ROOT
+            lazy = params.json_lazy
+            if lazy is None:
+                grammar = json_grammar(params.json_schema, params.json_around)
+                root = "root" if params.json_around == ("", "") else WRAPPED_ROOT
+            else:
+                grammar = call_grammar(params.json_schema, params.json_around, lazy.joiner)
+                root = WRAPPED_ROOT
+                self._eog = model.eog
             self._grammar = lc.llama_sampler_init_grammar(model.vocab, grammar.encode(),
                                                           root.encode())
             if not self._grammar:
@@ -698,10 +730,17 @@ class Sampler:
                 lc.llama_sampler_accept(penalties, token)
             lc.llama_sampler_chain_add(self._ptr, penalties)
 
+    @property
+    def constrained(self) -> bool:
+        """Whether a grammar holds for the next token (a lazy one: a call has begun)."""
+        return self._grammar is not None and self._holding
+
     def sample(self, ctx: LlamaContext) -> int:
-        if self._grammar is not None:
+        if self.constrained:
             return self.sample_logits(ctx.logits())
-        return int(lc.llama_sampler_sample(self._ptr, ctx.ptr, -1))
+        token = int(lc.llama_sampler_sample(self._ptr, ctx.ptr, -1))
+        self._after(token)
+        return token
 
     def sample_logits(self, logits: np.ndarray) -> int:
         """Sample from logits held outside the context (a checkpoint's), exactly as
@@ -711,13 +750,91 @@ class Sampler:
         n = int(logits.shape[0])
         if logits.ndim != 1 or n == 0:
             raise ValueError(f"logits of shape {logits.shape}")
+        constrained = self.constrained
         token = self._draw(logits, grammar_first=False)
-        if self._grammar is not None and not self._allows(token):
+        if constrained and not self._allows(token):
             token = self._draw(logits, grammar_first=True)
         lc.llama_sampler_accept(self._ptr, token)
-        if self._grammar is not None:
+        if constrained:
             lc.llama_sampler_accept(self._grammar, token)
+        self._after(token)
         return token
+
+    # --- the lazy grammar's trigger ----------------------------------------------------------
+
+    def _after(self, token: int) -> None:
+        """A lazy grammar's bookkeeping once `token` is drawn: the trigger watched for while
+        free, the call's end while holding."""
+        if self._lazy is None or self._grammar is None or self._model is None:
+            return
+        if not self._holding:
+            self._watch(self._model.token_bytes(token, special=True))
+        elif self._allows(self._eog):  # the call's JSON is complete: free again
+            self._release()
+
+    def _watch(self, data: bytes) -> None:
+        """Free text written: start the grammar where a call begins in it, on what follows."""
+        lazy = self._lazy
+        assert lazy is not None
+        trigger = lazy.trigger.encode("utf-8")
+        text = self._free + data
+        begun = -1
+        if not self._opened:
+            body = text.lstrip()
+            if body:
+                self._opened = True
+                if lazy.at_open and body.startswith(b"{"):
+                    begun = len(text) - len(body)
+        if begun < 0 and trigger:
+            found = text.find(trigger)
+            if found >= 0:
+                begun = found + len(trigger)
+        if begun < 0:
+            self._free = text[max(0, len(text) - len(trigger) + 1):]
+            return
+        self._free = b""
+        self._holding = True
+        log.debug("a tool call begins: its grammar holds from here")
+        self._take(text[begun:])
+
+    def _take(self, text: bytes) -> None:
+        """What the reply wrote after a trigger in the same token (or in the text a continued
+        reply had): given to the grammar as the tokens it reads as, each checked first. Text
+        it refuses leaves this call unconstrained (the reply goes on free)."""
+        if not text:
+            return
+        assert self._model is not None
+        try:
+            tokens = self._model.tokenize(text.decode("utf-8"))
+        except UnicodeDecodeError:
+            tokens = []
+        if b"".join(self._model.token_bytes(t, special=True) for t in tokens) != text:
+            log.warning("the text after a tool call's marker cannot be given to its grammar "
+                        "token by token: this call is not constrained")
+            self._release()
+            return
+        for at, token in enumerate(tokens):
+            if not self._allows(token):
+                log.warning("the model began a tool call its grammar does not allow "
+                            "(%r): this call is not constrained", text[:40])
+                self._release()
+                return
+            lc.llama_sampler_accept(self._grammar, token)
+            if self._allows(self._eog):
+                self._release()
+                rest = b"".join(self._model.token_bytes(t, special=True)
+                                for t in tokens[at + 1:])
+                if rest:
+                    self._watch(rest)
+                return
+
+    def _release(self) -> None:
+        """Back to free text: the grammar starts over at the next trigger."""
+        lc.llama_sampler_reset(self._grammar)
+        self._holding = False
+        self._free = b""
+
+    # --- drawing -----------------------------------------------------------------------------
 
     def _draw(self, logits: np.ndarray, *, grammar_first: bool) -> int:
         n = int(logits.shape[0])
@@ -738,6 +855,8 @@ class Sampler:
 
     def _allows(self, token: int) -> bool:
         """Whether the grammar lets `token` come next (its state is not moved)."""
+        if token < 0:
+            return False
         one = np.array([(token, 1.0, 0.0)], dtype=_TOKEN_DATA)
         array = lc.llama_token_data_array(
             data=one.ctypes.data_as(lc.llama_token_data_p), size=1, selected=-1, sorted=False)
@@ -753,20 +872,27 @@ class Sampler:
             self._grammar = None
 
 
+def _schema_grammar(schema: str) -> str:
+    """The GBNF grammar of JSON following `schema` (its JSON text), rooted at `root`."""
+    from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
+
+    if schema.strip() in ('{"type": "object"}', '{"type":"object"}'):
+        return JSON_GBNF  # OpenAI's json_object: an object, whatever it holds
+    try:
+        grammar = json_schema_to_gbnf(schema)
+    except Exception as exc:  # the converter raises many kinds: all the schema's fault
+        raise UnsupportedRequest(f"this JSON schema cannot be turned into a grammar: "
+                                 f"{exc}") from None
+    # The port lets a string hold control characters raw, which JSON does not (json.loads
+    # refuses them); llama.cpp's own converter keeps them out, as this does.
+    return grammar.replace('char ::= [^"\\\\] |', 'char ::= [^"\\\\\\x7F\\x00-\\x1F] |', 1)
+
+
 def json_grammar(schema: str, around: tuple[str, str] = ("", "")) -> str:
     """The GBNF grammar of replies that are JSON following `schema` (its JSON text), by
     llama-cpp-python's port of llama.cpp's converter; `{"type": "object"}` is any object.
     `around`: literal text before and after the JSON (a tool call's markers)."""
-    from llama_cpp.llama_grammar import JSON_GBNF, json_schema_to_gbnf
-
-    if schema.strip() in ('{"type": "object"}', '{"type":"object"}'):
-        grammar = JSON_GBNF  # OpenAI's json_object: an object, whatever it holds
-    else:
-        try:
-            grammar = json_schema_to_gbnf(schema)
-        except Exception as exc:  # the converter raises many kinds: all the schema's fault
-            raise UnsupportedRequest(f"this JSON schema cannot be turned into a grammar: "
-                                     f"{exc}") from None
+    grammar = _schema_grammar(schema)
     if around == ("", ""):
         return grammar
     # A rule of its own around the JSON's root, which the sampler starts from (WRAPPED_ROOT).
@@ -774,7 +900,25 @@ def json_grammar(schema: str, around: tuple[str, str] = ("", "")) -> str:
             f"{grammar}")
 
 
+def call_grammar(schema: str, around: tuple[str, str], joiner: str = "") -> str:
+    """The grammar of what follows a lazy grammar's trigger: JSON following `schema` between
+    `around`, whitespace at their edges free (a model writes `<tool_call>` and then a newline
+    or not), and with a `joiner` more values joined by it (Mistral's list of calls)."""
+    parts = [_LAZY_SPACE]
+    if around[0].strip():
+        parts += [_gbnf_literal(around[0].strip()), _LAZY_SPACE]
+    parts.append("root")
+    if joiner:
+        parts.append(f"({_LAZY_SPACE} {_gbnf_literal(joiner)} {_LAZY_SPACE} root)*")
+    if around[1].strip():
+        parts += [_LAZY_SPACE, _gbnf_literal(around[1].strip())]
+    return (f"{WRAPPED_ROOT} ::= {' '.join(parts)}\n"
+            f"{_LAZY_SPACE} ::= [ \\t\\n]{{0,20}}\n"
+            f"{_schema_grammar(schema)}")
+
+
 WRAPPED_ROOT = "arbor-wrapped"
+_LAZY_SPACE = "arbor-space"
 
 
 def _gbnf_literal(text: str) -> str:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
-from engine.config.params import SamplingParams
+from engine.config.params import LazyGrammar, SamplingParams
 from engine.core.errors import UnsupportedRequest
 from engine.core.overflow import Overflow, read_part
 from engine.core.results import (
@@ -55,12 +55,21 @@ def _tool_format(generator: Generator) -> ToolFormat:
         raise UnsupportedRequest(str(exc)) from None
 
 
-def _forced_call(sampling: SamplingParams, tools: list[dict[str, Any]], calling: ToolFormat
-                 ) -> SamplingParams:
-    """`sampling` with the grammar of the call `tool_choice` forces, if it forces one."""
+def call_sampling(sampling: SamplingParams, tools: list[dict[str, Any]], calling: ToolFormat
+                  ) -> SamplingParams:
+    """`sampling` with the grammar of the reply's calls: of the call `tool_choice` forces,
+    from the reply's start; under "auto", of a call of any of the tools, lazy: it holds from
+    the format's marker on, so a call the model begins is valid, and the reply is the same
+    as without it until then. (A reply that must follow response_format's schema keeps
+    that grammar.)"""
     choice = sampling.tool_choice
     if choice == "auto":
-        return sampling
+        if sampling.json_schema is not None:
+            return sampling
+        lazy = LazyGrammar(calling.marker, at_open=calling.at_open, joiner=calling.joiner)
+        return replace(sampling, json_schema=json.dumps(call_schema(tools, "required")),
+                       json_around=(calling.prefix.removeprefix(calling.marker),
+                                    calling.suffix), json_lazy=lazy)
     if choice != "required" and choice not in tool_names(tools):
         raise UnsupportedRequest(f"tool_choice names {choice!r}, which is not among the tools")
     return replace(sampling, json_schema=json.dumps(call_schema(tools, choice)),
@@ -120,7 +129,7 @@ def run_reply(
     calling = None
     if tools is not None:
         calling = _tool_format(generator)
-        sampling = _forced_call(sampling or generator.sampling, tools, calling)
+        sampling = call_sampling(sampling or generator.sampling, tools, calling)
     untokenized = {node.id for node in path if node.tokens is None}
     cut = generator.fit(path, resume=resume, max_tokens=max_tokens, overflow=overflow,
                         cancel=cancel)
@@ -129,6 +138,10 @@ def run_reply(
                                  on_plan=on_plan, cancel=cancel, scope=scope)
     if on_opened is not None and generator.opens_reasoning(read):
         on_opened()
+    if sampling is not None and sampling.json_lazy is not None and prepared.base_text:
+        # A continued reply: a call it had begun goes on under the grammar.
+        sampling = replace(sampling, json_lazy=replace(sampling.json_lazy,
+                                                       written=prepared.base_text))
     generation = generator.generate(
         max_tokens=max_tokens, seed=seed, cancel=cancel, sampling=sampling,
         on_token=(lambda _token, piece: on_piece(piece)) if on_piece is not None else None,

@@ -505,13 +505,36 @@ def test_a_tool_loop_through_the_openai_client_is_a_branch_in_the_tree(
         assert call.function.name == "get_weather"
         assert json.loads(call.function.arguments)["city"] in ("Paris", "Oslo")
 
-        chunks = list(ask(client, asked, max_tokens=60, tools=[WEATHER_TOOL], stream=True,
-                          tool_choice={"type": "function", "function": {"name": "get_weather"}}))
-        text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+        named = {"type": "function", "function": {"name": "get_weather"}}
+        whole = ask(client, asked, max_tokens=60, tools=[WEATHER_TOOL], tool_choice=named)
+        with client.chat.completions.stream(
+                model="", messages=asked, max_tokens=60, temperature=0.0, tools=[WEATHER_TOOL],
+                tool_choice=named) as stream:  # type: ignore[arg-type]
+            chunks = [event.chunk for event in stream if event.type == "chunk"]
+            streamed = stream.get_final_completion().choices[0]
         deltas = [d for c in chunks if c.choices for d in c.choices[0].delta.tool_calls or ()]
-        finishes = [c.choices[0].finish_reason for c in chunks if c.choices]
-        assert text == "" and [d.function.name for d in deltas] == ["get_weather"]
-        assert finishes[-1] == "tool_calls"
+        assert deltas[0].id and deltas[0].function.name == "get_weather"
+        assert deltas[0].function.arguments == "" and len(deltas) >= 2
+        assert not streamed.message.content and streamed.finish_reason == "tool_calls"
+        assert [(c.function.name, c.function.arguments) for c in streamed.message.tool_calls] \
+            == [(c.function.name, c.function.arguments)
+                for c in whole.choices[0].message.tool_calls]
+        # Cut by max_tokens inside the arguments: not a call. What was streamed of it stays
+        # (docs/api.md), its text comes as content, and the finish is "length".
+        cut = ask(client, asked, max_tokens=18, tools=[WEATHER_TOOL], tool_choice=named)
+        assert cut.choices[0].finish_reason == "length"
+        assert not cut.choices[0].message.tool_calls
+        assert cut.choices[0].message.content.startswith("<tool_call>")
+        with client.chat.completions.stream(
+                model="", messages=asked, max_tokens=18, temperature=0.0, tools=[WEATHER_TOOL],
+                tool_choice=named) as stream:  # type: ignore[arg-type]
+            stream.until_done()  # get_final_completion refuses a "length" finish
+            partial = stream.current_completion_snapshot.choices[0]
+        assert partial.finish_reason == "length"
+        assert partial.message.content == cut.choices[0].message.content
+        (begun,) = partial.message.tool_calls
+        assert begun.function.name == "get_weather"
+        assert call.function.arguments.startswith(begun.function.arguments)
 
         loop = [*asked, {"role": "assistant", "content": None,
                          "tool_calls": [call.model_dump()]},

@@ -100,9 +100,11 @@ def test_a_stream_holds_back_what_may_begin_a_call() -> None:
     held = CallHoldback([f.marker for f in FORMATS])
     out = [held.feed(p) for p in ["Let me ", "look.", "<tool", "_call>{", '"name"']]
     assert "".join(out) == "Let me look." and held.calling
+    assert held.marker == "<tool_call>" and held.text[held.begun:] == '{'  # the call's text
     json_first = CallHoldback([f.marker for f in FORMATS])
     assert json_first.feed("  ") == "" and json_first.feed('{"name"') == ""
-    assert json_first.calling
+    assert json_first.calling and json_first.marker is None
+    assert json_first.text[json_first.begun:] == '{"name"'
     plain = CallHoldback([f.marker for f in FORMATS])
     shown = "".join(plain.feed(p) for p in ["Sunny ", "all ", "week, I think so."])
     assert not plain.calling and "Sunny all week" in shown

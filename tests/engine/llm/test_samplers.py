@@ -15,9 +15,11 @@ import pytest
 
 from engine.core.errors import UnsupportedRequest
 from engine.core.memory import MemoryKind
+from engine.core.tools import HERMES, LLAMA3, valid_call
 from engine.core.tree import Role, Tree
 from engine.llm.generator import Generator
-from engine.llm.llama import Sampler, SamplingParams, json_grammar
+from engine.llm.llama import LlamaModel, Sampler, SamplingParams, json_grammar
+from engine.llm.reply import call_sampling
 from engine.llm.runtime import FinishReason, Source
 from engine.storage.checkpoints import CheckpointStore
 from tests.conftest import ALL_KINDS, RuntimeFactory
@@ -149,6 +151,135 @@ def _is_json(text: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "enum": ["Oslo", "Lima"]}},
+        "required": ["city"], "additionalProperties": False}}},
+    {"type": "function", "function": {"name": "set_alarm", "parameters": {
+        "type": "object", "properties": {"hours": {"type": "integer"},
+                                         "loud": {"type": "boolean"}},
+        "required": ["hours", "loud"], "additionalProperties": False}}},
+]
+
+
+class _Noise:
+    """Logits no model would give: every draw a surprise, unless one token is pushed."""
+
+    def __init__(self, model: LlamaModel, seed: int) -> None:
+        self.model = model
+        self.rng = np.random.default_rng(seed)
+
+    def __call__(self, pushed: int | None = None) -> np.ndarray:
+        logits = self.rng.normal(0.0, 4.0, self.model.n_vocab).astype(np.float32)
+        if pushed is not None:
+            logits[pushed] += 100.0
+        return logits
+
+    def until_free(self, sampler: Sampler) -> list[int]:
+        """Draw while a call's grammar holds (at most 300 tokens)."""
+        drawn: list[int] = []
+        while sampler.constrained and len(drawn) < 300:
+            drawn.append(sampler.sample_logits(self()))
+        assert not sampler.constrained, "the call never ended"
+        return drawn
+
+    def text(self, tokens: list[int]) -> str:
+        return b"".join(self.model.token_bytes(t, special=True) for t in tokens).decode(
+            "utf-8", errors="replace")
+
+
+def _valid(name: str, arguments: dict[str, object]) -> bool:
+    return valid_call(TOOLS, name, arguments)
+
+
+def test_a_lazy_grammar_holds_from_a_calls_marker_until_the_call_is_whole(
+    tiny_models: dict[str, Path], make_runtime: RuntimeFactory
+) -> None:
+    """Under tool_choice "auto" the reply is the plain sampler's draw for draw until it
+    writes the call marker; from there the call is a valid call of an offered tool however
+    wild the draws, and once it is whole the reply is free again (a second call holds too)."""
+    model = make_runtime(tiny_models["dense"], n_ctx=256, n_batch=32).model
+    lazy = call_sampling(HOT, TOOLS, HERMES)
+    for seed in range(4):
+        noise = _Noise(model, seed)
+        sampler, plain = Sampler(lazy, seed, model=model), Sampler(HOT, seed, model=model)
+        try:
+            tokens: list[int] = []
+            for _ in range(30):
+                logits = noise()
+                tokens.append(sampler.sample_logits(logits))
+                assert tokens[-1] == plain.sample_logits(logits) and not sampler.constrained
+            for _ in range(2):
+                for token in model.tokenize("\n<tool_call>"):
+                    tokens.append(sampler.sample_logits(noise(token)))
+                assert sampler.constrained
+                tokens += noise.until_free(sampler)
+        finally:
+            sampler.close()
+            plain.close()
+        text = noise.text(tokens)
+        said, calls = HERMES.parse(text, _valid)
+        assert len(calls) == 2, text
+        assert said == text[: text.index("<tool_call>")].strip()
+
+
+def test_a_call_the_reply_opens_with_or_had_begun_is_held_from_there(
+    tiny_models: dict[str, Path], make_runtime: RuntimeFactory
+) -> None:
+    """Llama 3 writes a call as the reply's JSON: the grammar holds from the opening brace,
+    which came in the same token as what follows it. A continued reply that had begun a call
+    goes on under the grammar from where it stopped."""
+    model = make_runtime(tiny_models["dense"], n_ctx=256, n_batch=32).model
+    opening = model.tokenize('{"')
+    assert len(opening) == 1  # the brace and the quote in one token
+    llama = call_sampling(HOT, TOOLS, LLAMA3)
+    begun = 'Sure.\n<tool_call>\n{"name": "set_'
+    hermes = call_sampling(HOT, TOOLS, HERMES)
+    assert hermes.json_lazy is not None
+    continued = replace(hermes, json_lazy=replace(hermes.json_lazy, written=begun))
+    for seed in range(3):
+        noise = _Noise(model, seed)
+        sampler = Sampler(llama, seed, model=model)
+        try:
+            tokens = [sampler.sample_logits(noise(opening[0]))]
+            assert sampler.constrained
+            tokens += noise.until_free(sampler)
+        finally:
+            sampler.close()
+        _said, calls = LLAMA3.parse(noise.text(tokens), _valid)
+        assert len(calls) == 1
+        sampler = Sampler(continued, seed, model=model)
+        try:
+            assert sampler.constrained
+            text = begun + noise.text(noise.until_free(sampler))
+        finally:
+            sampler.close()
+        said, ((name, _arguments),) = HERMES.parse(text, _valid)
+        assert said == "Sure." and name == "set_alarm"
+
+
+def test_a_json_string_holds_no_raw_control_character(
+    tiny_models: dict[str, Path], make_runtime: RuntimeFactory
+) -> None:
+    """JSON allows no raw newline or tab in a string (json.loads refuses one): the grammar
+    draws again when the model wants one there."""
+    model = make_runtime(tiny_models["dense"], n_ctx=256, n_batch=32).model
+    schema = {"type": "object", "properties": {"a": {"type": "string"}}, "required": ["a"]}
+    sampler = Sampler(replace(GREEDY, json_schema=json.dumps(schema)), 0, model=model)
+    rng = np.random.default_rng(0)
+    pushed = [*model.tokenize('{"a": "'), *model.tokenize("\n\t") * 4]
+    try:
+        tokens = []
+        for token in pushed:
+            logits = rng.normal(0.0, 1.0, model.n_vocab).astype(np.float32)
+            logits[token] += 100.0
+            tokens.append(sampler.sample_logits(logits))
+    finally:
+        sampler.close()
+    text = b"".join(model.token_bytes(t) for t in tokens).decode("utf-8", errors="replace")
+    assert text.startswith('{"a": "') and not any(ch in text for ch in "\n\t\r")
 
 
 def test_what_no_grammar_or_vocabulary_allows_is_refused(

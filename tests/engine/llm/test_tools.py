@@ -16,14 +16,15 @@ from engine.core.errors import UnsupportedRequest
 from engine.core.memory import MemoryKind
 from engine.core.results import NodeView, ReplyResult
 from engine.core.tools import TOOL_CALL_ID, TOOLS, calls_of
-from engine.core.tree import Node, Role, Tree
+from engine.core.tree import Node, NodeStatus, Role, Tree
 from engine.llm.generator import Generator
 from engine.llm.llama import SamplingParams
-from engine.llm.reply import run_reply
+from engine.llm.reply import call_sampling, run_reply
 from engine.storage.checkpoints import CheckpointStore
 from tests.conftest import ALL_KINDS, RuntimeFactory
 
 GREEDY = SamplingParams(temperature=0.0)
+HOT = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
 CITY = {"type": "object", "properties": {"city": {"type": "string",
                                                    "enum": ["Paris", "Oslo", "Lima"]}},
         "required": ["city"], "additionalProperties": False}
@@ -76,12 +77,52 @@ def test_a_tool_loop_edit_and_switch_decode_the_tail_and_match_a_full_reprocess(
     assert edited_decoded < whole // 2  # the tail: the result and the reply's opening
     assert outcome.report.decoded_tokens < whole // 2
 
+    # A reply that had begun a call (under "auto") goes on under the call's grammar: a valid
+    # call, the same from the cache as from a cold context.
+    begun = tree.add_child(user.id, Role.ASSISTANT, '<tool_call>\n{"name": "get_weather", '
+                           '"arguments": {"city": "', status=NodeStatus.INTERRUPTED)
+    asked = [NodeView.of(n).to_node() for n in tree.path_to(user.id)]
+    going_on = NodeView.of(begun).to_node()
+    continued = [run_reply(generator, asked, resume=going_on, max_tokens=60, seed=3,
+                           sampling=GREEDY) for _ in range(2)]
+    (went_on,) = calls_of(dict(continued[0].meta))
+    jsonschema.validate(json.loads(went_on.arguments), CITY)
+    assert continued[1].report.decoded_tokens < len(continued[1].tokens) // 2  # cached
+    assert continued[1].tokens == continued[0].tokens
+    assert calls_of(dict(continued[1].meta))[0].same_call(went_on)
+
     cold = Generator(make_runtime(tool_models[kind.value], n_ctx=2048, n_batch=32),
                      sampling=GREEDY, use_cache=False)
     for tool in results:
         path = [NodeView.of(n).to_node() for n in tree.path_to(tool.id)]
         fresh = run_reply(cold, path, max_tokens=8, seed=3, sampling=GREEDY)
         assert fresh.text == answers[tool.text][0]
+    fresh = run_reply(cold, asked, resume=going_on, max_tokens=60, seed=3, sampling=GREEDY)
+    assert fresh.tokens == continued[0].tokens
+    assert calls_of(dict(fresh.meta))[0].same_call(went_on)
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, HOT], ids=["greedy", "hot"])
+def test_under_auto_a_reply_that_begins_no_call_is_the_one_without_a_grammar(
+    sampling: SamplingParams, tool_models: dict[str, Path], make_runtime: RuntimeFactory
+) -> None:
+    """The call grammar of tool_choice "auto" is lazy: until the reply writes the call
+    marker, every token is the one the same sampler draws with no grammar at all."""
+    generator = Generator(make_runtime(tool_models["dense"], n_ctx=1024, n_batch=32))
+    tree = Tree("You help with the weather.")
+    tree.root.meta[TOOLS] = [WEATHER]
+    path = tree.path_to(tree.add_child(tree.root.id, Role.USER, "Is it raining in Oslo?").id)
+    lazy = call_sampling(sampling, [WEATHER], generator.prompts.tool_format())
+    assert lazy.json_lazy is not None and lazy.json_schema is not None
+    replies = []
+    for drawn in (sampling, lazy):
+        generator.prepare(path)
+        replies.append(generator.generate(max_tokens=48, seed=9, sampling=drawn))
+    assert "<tool_call>" not in replies[0].text and len(replies[0].tokens) > 8
+    assert replies[1].tokens == replies[0].tokens
+    whole = run_reply(generator, [NodeView.of(n).to_node() for n in path], max_tokens=48,
+                      seed=9, sampling=sampling)  # tools offered: "auto" is lazy there too
+    assert whole.text == replies[0].text
 
 
 def test_a_template_without_tools_says_so_and_a_named_choice_must_be_offered(
