@@ -38,6 +38,7 @@ from engine.core.results import (
     Source,
     Stopped,
 )
+from engine.core.tools import TOOL_CALLS, ToolCall
 from engine.models.fit import GpuMemory
 from engine.service.protocol import (
     AdoptCheckpoints,
@@ -100,6 +101,9 @@ class Script:
     hold: bool = False
     # The GPUs' memory a load reports (`ModelLoaded.gpu`); None: a machine without a GPU.
     gpu: GpuMemory | None = None
+    # The next reply makes these tool calls (its meta, as the real engine writes it); they
+    # are cleared once made.
+    calls: list[ToolCall] = field(default_factory=list)
     # Every request, in the order handled (read on the GUI thread once answered).
     requests: list[Request] = field(default_factory=list)
 
@@ -246,6 +250,9 @@ class FakeEngineService:
             prefill_ms=1.0, ttft_ms=2.0, generated_tokens=len(generated), decode_ms=1.0,
             finish=finish)
         meta: tuple[tuple[str, object], ...] = (("open_len", None), ("prompt_len", OPENING))
+        if script.calls:
+            meta += ((TOOL_CALLS, [call.to_meta() for call in script.calls]),)
+            script.calls = []
         self._checkpoints.add((request.conversation_id, request.reply_id))
         self._emit_usage()  # before `Finished`: it is the request's last event
         self._finish(request, ReplyResult(text, tokens, meta, rendered, report))

@@ -18,6 +18,7 @@ from PySide6.QtWidgets import (
     QDoubleSpinBox,
     QFileDialog,
     QFormLayout,
+    QGroupBox,
     QHBoxLayout,
     QLabel,
     QPushButton,
@@ -27,6 +28,7 @@ from PySide6.QtWidgets import (
 )
 
 from app.dialogs.samplers import SAMPLERS, editor_values, sampler_editor
+from app.dialogs.tool_picker import ToolPicker
 from engine.config.overrides import Overrides
 from engine.config.settings import Settings
 from engine.core.overflow import Overflow
@@ -39,7 +41,7 @@ OVERFLOW_TIP = ("When the branch no longer fits the context: stop with a message
 
 class ConversationSettingsDialog(QDialog):
     def __init__(self, overrides: Overrides, defaults: Settings, loaded_model: str | None,
-                 parent: QWidget | None = None) -> None:
+                 parent: QWidget | None = None, *, tools: ToolPicker | None = None) -> None:
         super().__init__(parent)
         self.setWindowTitle("Conversation settings")
         self.setAccessibleName("Conversation settings")
@@ -117,6 +119,20 @@ class ConversationSettingsDialog(QDialog):
         model_row.addWidget(browse)
         form.addRow("Model", model_row)
 
+        self.tools = tools
+        self.tool_first = QCheckBox("Call a tool before answering each message")
+        self.tool_first.setToolTip(
+            "The model's reply to each of your messages starts with a call of one of the tools "
+            "offered (small models often answer without calling otherwise); after a tool's "
+            "result it answers freely.")
+        self.tool_first.setChecked(overrides.tool_first)
+        tools_box = None
+        if tools is not None:
+            tools_box = QGroupBox("Tools (from the MCP servers in Settings)")
+            box_layout = QVBoxLayout(tools_box)
+            box_layout.addWidget(tools)
+            box_layout.addWidget(self.tool_first)
+
         note = QLabel("These apply to this conversation only, over the defaults in Settings. "
                       "A conversation with its own model offers to load it when you open it.")
         note.setWordWrap(True)
@@ -130,6 +146,8 @@ class ConversationSettingsDialog(QDialog):
         restore.clicked.connect(self._use_defaults)
         layout = QVBoxLayout(self)
         layout.addLayout(form)
+        if tools_box is not None:
+            layout.addWidget(tools_box)
         layout.addWidget(note)
         layout.addWidget(buttons)
 
@@ -159,6 +177,7 @@ class ConversationSettingsDialog(QDialog):
         self.seed_mode.setCurrentIndex(SEED_DEFAULT)
         self.overflow.setCurrentIndex(0)
         self.model.setCurrentIndex(0)
+        self.tool_first.setChecked(False)
 
     def _browse(self) -> None:
         path, _ = QFileDialog.getOpenFileName(self, "Model for this conversation", "",
@@ -186,4 +205,5 @@ class ConversationSettingsDialog(QDialog):
             random_seed=mode == SEED_RANDOM,
             overflow=self.overflow.currentData(),
             model=model if isinstance(model, str) else None,
+            tool_first=self.tool_first.isChecked(),
         )

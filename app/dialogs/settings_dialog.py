@@ -1,4 +1,5 @@
-"""Settings: the engine's context and offload, the checkpoint store, sampling, appearance.
+"""Settings: the engine's context and offload, the checkpoint store, sampling, appearance,
+the MCP servers whose tools conversations may offer.
 
 The dialog edits a copy; the owner saves and applies what `chosen()` returns. While the user
 edits, a line under the form says what applying will cost: nothing, a reload of the model, or
@@ -28,6 +29,7 @@ from PySide6.QtWidgets import (
 
 from app.dialogs.conversation_settings import OVERFLOW_TIP
 from app.dialogs.hub_token import TokenBox
+from app.dialogs.mcp_servers import McpServersBox
 from app.dialogs.samplers import SAMPLERS, editor_values, sampler_editor
 from engine.config.params import GPU_LAYERS_FIT, KV_TYPE_NAMES, FlashAttention
 from engine.config.settings import MAX_GPU_LAYERS, Effect, Settings, SettingsError, Theme, effect_of
@@ -154,6 +156,9 @@ class SettingsDialog(QDialog):
             box = QGroupBox(title)
             box.setLayout(form)
             column.addWidget(box)
+        self.mcp = McpServersBox(current.mcp_servers)
+        self.mcp.changed.connect(self._update)
+        column.addWidget(self.mcp)
         self.token = TokenBox()  # saved by the owner on accept (ModelSettings)
         self.token.field.textChanged.connect(self._update)
         column.addWidget(self.token)
@@ -198,6 +203,7 @@ class SettingsDialog(QDialog):
             api_port=self.api_port.value(),
             api_key=self.api_key.text().strip(),
             rpc_workers=tuple(w for w in self.rpc_workers.text().replace(",", " ").split()),
+            mcp_servers=tuple(self.mcp.servers),
         )
 
     def effect(self) -> Effect | None:

@@ -12,18 +12,22 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Sequence
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from PySide6.QtCore import QObject, Signal
 
 from app.state.engine_client import QtEngine
 from app.state.replies import Replies
+from app.state.tool_calls import ToolCalls
+from engine.config.mcp import McpServer
 from engine.config.overrides import Overrides
 from engine.config.settings import Settings
 from engine.core.conversation import Change, Conversation
 from engine.core.errors import ArborError
 from engine.core.titles import NEW_TITLE, title_from
+from engine.core.tools import ToolCall
 from engine.core.tree import Node, Role, Tree, TreeError
+from engine.mcp.hub import McpHub
 from engine.service.protocol import ForgetRequest
 from engine.storage.store import ConversationInfo, SearchHit, Store
 
@@ -41,7 +45,8 @@ class ChatController(QObject):
     model_wanted = Signal(str)
 
     def __init__(self, store: Store, settings: Settings, engine: QtEngine,
-                 parent: QObject | None = None) -> None:
+                 parent: QObject | None = None, *,
+                 mcp_hub: Callable[[list[McpServer]], McpHub] | None = None) -> None:
         super().__init__(parent)
         self.store = store
         self.settings = settings
@@ -49,6 +54,8 @@ class ChatController(QObject):
         self.current: int | None = None
         self._undo: list[tuple[str, Callable[[], None]]] = []
         self.replies = Replies(self, engine)
+        self.tools = ToolCalls(self, mcp_hub)  # `mcp_hub`: makes the hub (tests pass their own)
+        self.replies.reply_kept.connect(self.tools.reply_done)
 
     # --- state -------------------------------------------------------------------------------
 
@@ -173,6 +180,7 @@ class ChatController(QObject):
         when it could not be sent now or could not be saved."""
         if self.current is None or self.replies.refuse():
             return False
+        self.tools.cancel()  # a new message: the calls waiting are not run
         leaf = self.tree.active_leaf
         change = self.conversation.send(text)
         if not self._persist(change, leaf):
@@ -198,6 +206,7 @@ class ChatController(QObject):
         self.replies.editing = None
         if self.current is None:
             return
+        self.tools.cancel()
         if self.replies.streaming is not None:
             self.replies.defer_edit(self.current, node_id, text)
             return
@@ -215,6 +224,7 @@ class ChatController(QObject):
             return
         if node_id is None and (node_id := self._last_reply()) is None:
             return
+        self.tools.cancel()
         try:
             change = self.conversation.regenerate(node_id)
         except TreeError:
@@ -229,6 +239,7 @@ class ChatController(QObject):
             return
         if self.tree.node(node_id).role is not Role.ASSISTANT:
             return
+        self.tools.cancel()
         self.replies.start(self.current, self.conversation.continue_reply(node_id))
 
     def set_system_prompt(self, text: str) -> None:
@@ -245,6 +256,52 @@ class ChatController(QObject):
         if change.nodes and not self.save(self.current, change.nodes):
             root.text, root.tokens = before  # not saved: not shown either
         self.changed.emit()
+
+    def set_tools(self, tools: list[dict[str, Any]], servers: dict[str, str]) -> bool:
+        """The tools the current conversation offers (OpenAI's function tools) and the MCP
+        server of each; saved with it, rendered into the next reply's prompt."""
+        if self.current is None:
+            return False
+        if self.replies.answering(self.current):
+            self.replies.refuse()  # says why
+            return False
+        root = self.tree.root
+        before = dict(root.meta), root.tokens
+        change = self.conversation.set_tools(tools, servers)
+        if change.nodes and not self.save(self.current, change.nodes):
+            root.meta, root.tokens = before  # not saved: not used either
+            return False
+        self.changed.emit()
+        return True
+
+    def answer_calls(self, conversation_id: int, reply_id: int,
+                     results: list[tuple[ToolCall, str]]) -> bool:
+        """A reply's calls have their results (engine.core.conversation): saved as tool
+        nodes, and the model answers them."""
+        conversation = self.conversations.get(conversation_id)
+        if conversation is None or reply_id not in conversation.tree:
+            return False
+        tree = conversation.tree
+        leaf = tree.active_leaf
+        try:
+            change = conversation.answer_calls(reply_id, results)
+        except TreeError:
+            return False
+        if not self.save(conversation_id, change.nodes):
+            for node in change.nodes:
+                if node.id in tree:
+                    tree.delete_branch(node.id)
+            if leaf in tree:
+                tree.set_active(leaf)
+            self.changed.emit()
+            return False
+        self.changed.emit()
+        if self.replies.model is None or self.replies.streaming is not None:
+            self.notice.emit("The tools' results are kept; press Continue to have them "
+                             "answered.", 8000)
+            return True
+        self.replies.start(conversation_id, change)
+        return True
 
     def rewind(self, node_id: int) -> None:
         self._navigate(lambda c: c.rewind(node_id))

@@ -23,12 +23,16 @@ from typing import TYPE_CHECKING
 from PySide6.QtCore import QObject, QTimer, Signal, Slot
 
 from app.state.engine_client import QtEngine
-from engine.core.conversation import Change
+from engine.config.overrides import Overrides
+from engine.config.params import SamplingParams
+from engine.config.settings import Settings
+from engine.core.conversation import Change, ReplyJob
 from engine.core.errors import ArborError
 from engine.core.overflow import Overflow
 from engine.core.reasoning import is_opened
 from engine.core.results import NodeView, Outcome, ReplyReport, ReplyResult, Stopped
-from engine.core.tree import Node
+from engine.core.tools import tools_of
+from engine.core.tree import Node, Role, Tree
 from engine.models.fit import GpuMemory
 from engine.service.lifetime import ReplyRun
 from engine.service.protocol import (
@@ -114,6 +118,7 @@ class Replies(QObject):
     # reply node id, its text so far, its status, whether it began inside its reasoning
     piece_shown = Signal(int, str, str, bool)
     reply_finished = Signal()
+    reply_kept = Signal(int, int)  # a reply finished and was kept: conversation, reply node
     reply_failed = Signal(str)  # why
     reply_stopped = Signal()  # the user stopped it before it said anything
     report = Signal(object)  # ReplyReport of the finished reply
@@ -233,7 +238,7 @@ class Replies(QObject):
         self.engine.send(run.request(
             request_id, max_tokens=settings.max_tokens,
             seed=conversation.reply_seed(settings.seed),
-            sampling=None if overrides.is_default else settings.sampling(),
+            sampling=_sampling(overrides, settings, tree, job),
             overflow=settings.overflow))
         self.prepare_started = time.monotonic()
         self.streaming_changed.emit()
@@ -387,6 +392,8 @@ class Replies(QObject):
             self.last_result = outcome
             self.report.emit(outcome.report)
             self._end_reply()
+            if self.streaming is None:  # not superseded by an edit submitted meanwhile
+                self.reply_kept.emit(streaming.conversation_id, streaming.run.reply.id)
             return
         self._end_reply()
         if isinstance(outcome, Stopped):
@@ -500,3 +507,15 @@ class Replies(QObject):
                 and warmed.prompt_tokens):
             self.ready.emit(warmed.prompt_tokens)
         self.warmed.emit(warmed)
+
+
+def _sampling(overrides: Overrides, settings: Settings, tree: Tree, job: ReplyJob
+              ) -> SamplingParams | None:
+    """The reply's sampling (None: the engine's defaults). A conversation that asks for a
+    tool call first gets a forced call (`tool_choice` "required") in its replies to user
+    messages; replies to tools' results are free to answer."""
+    forced = (overrides.tool_first and job.resume is None and tools_of(tree.root.meta)
+              and tree.node(job.parent).role is Role.USER)
+    if forced:
+        return replace(settings.sampling(), tool_choice="required")
+    return None if overrides.is_default else settings.sampling()

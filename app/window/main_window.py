@@ -35,6 +35,7 @@ from app.chat.chat_model import rows_from_tree
 from app.chat.chat_view import ChatView
 from app.chat.composer import Composer
 from app.dialogs.conversation_settings import ConversationSettingsDialog
+from app.dialogs.tool_picker import ToolPicker
 from app.look.actions import (
     ACTIONS,
     TOOLBAR,
@@ -60,7 +61,9 @@ from app.window.message_bar import MessageBar
 from app.window.model_settings import ModelSettings
 from app.window.sidebar import Sidebar
 from app.window.status import StatusArea
+from app.window.tool_approval import ApprovalBar
 from engine.config.settings import Settings, load_settings
+from engine.core.tools import TOOL_SERVERS, tools_of
 from engine.core.tree import Tree
 from engine.files.paths import data_dirs
 from engine.storage.store import Store
@@ -105,6 +108,7 @@ class MainWindow(QMainWindow):
         self.composer.setMaximumHeight(120)
         self.send_button = QPushButton("Send")
         self.tree_panel = TreePanel()
+        self.approval = ApprovalBar(self.controller.tools)
         self.setStatusBar(MessageBar(self))  # elides its message instead of clipping it
         self.status = StatusArea(self.replies, self.statusBar())
         self.progress_label = self.status.label
@@ -154,6 +158,7 @@ class MainWindow(QMainWindow):
         column.addWidget(self.chat, 1)
         column.addWidget(self.status.label)
         column.addWidget(self.status.progress)
+        column.addWidget(self.approval)
         column.addLayout(row)
         self.splitter = QSplitter()
         self.splitter.addWidget(self.sidebar)
@@ -176,7 +181,7 @@ class MainWindow(QMainWindow):
             "export_chatgpt": lambda: files.ask_export(FileFormat.CHATGPT),
             "export_markdown": lambda: files.ask_export(FileFormat.MARKDOWN),
             "settings": models.edit_settings, "quit": self.close, "undo": c.undo,
-            "stop": self.replies.stop, "continue": c.continue_reply,
+            "stop": self._stop, "continue": c.continue_reply,
             "regenerate_last": c.regenerate, "system": self._system_prompt_dialog,
             "conversation_settings": self._conversation_settings_dialog,
             "rename": lambda: self._rename(c.current),
@@ -227,7 +232,7 @@ class MainWindow(QMainWindow):
         self.sidebar.delete_requested.connect(c.delete_conversation)
         self.sidebar.search_changed.connect(self._refresh_sidebar)
         self.composer.submitted.connect(self._send)
-        self.composer.stop_requested.connect(r.stop)
+        self.composer.stop_requested.connect(self._stop)
         self.send_button.clicked.connect(self._on_send_clicked)
         self.chat.variant_requested.connect(c.switch_variant)
         self.chat.edit_submitted.connect(c.edit)
@@ -320,6 +325,12 @@ class MainWindow(QMainWindow):
             self.composer.clear()
 
     @Slot()
+    def _stop(self) -> None:
+        """Stop the reply, or the tool loop (the calls not run stay unanswered)."""
+        self.replies.stop()
+        self.controller.tools.cancel()
+
+    @Slot()
     def _on_send_clicked(self) -> None:
         if self.replies.streaming is not None:
             self.replies.stop()
@@ -359,9 +370,15 @@ class MainWindow(QMainWindow):
     def _conversation_settings_dialog(self) -> None:
         if self.controller.current is None:
             return
+        root = self.controller.tree.root
+        servers = root.meta.get(TOOL_SERVERS)
+        picker = ToolPicker(self.controller.tools.hub, self.settings.mcp_servers,
+                            tools_of(root.meta) or [],
+                            servers if isinstance(servers, dict) else {})
         dialog = ConversationSettingsDialog(self.controller.overrides(), self.settings,
-                                            self.replies.model_path, self)
+                                            self.replies.model_path, self, tools=picker)
         if dialog.exec() == QDialog.DialogCode.Accepted:
+            self.controller.set_tools(*picker.chosen())
             chosen = dialog.chosen()
             if self.controller.set_overrides(chosen) and chosen.model is not None \
                     and chosen.model != self.replies.model_path:
@@ -447,5 +464,6 @@ class MainWindow(QMainWindow):
         self.files.shutdown()  # before the store closes: an abandoned parse commits nothing
         self.downloads.close()  # parts are kept: the next start offers them
         self.hub_jobs.close()
+        self.controller.tools.close()  # stops the MCP servers it started
         self.store.close()
         super().closeEvent(event)

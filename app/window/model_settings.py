@@ -141,6 +141,7 @@ class ModelSettings(QObject):
             QMessageBox.warning(self.window, "Arbor", str(exc))
             return False
         self.controller.settings = settings
+        self.controller.tools.configure(settings.mcp_servers)
         if send:
             self.replies.send(ConfigureRequest(settings))
         return True

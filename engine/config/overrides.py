@@ -37,6 +37,8 @@ class Overrides:
     max_tokens: int | None = None
     overflow: Overflow | None = None  # when the branch outgrows the context
     model: str | None = None  # a model file's path: offered when the conversation opens
+    # With tools offered: each reply to a message calls one first (tool_choice "required").
+    tool_first: bool = False
 
     @classmethod
     def read(cls, settings: Mapping[str, Any]) -> Overrides:
@@ -67,6 +69,8 @@ class Overrides:
         model = raw.get("model")
         if isinstance(model, str) and model.strip():
             kept["model"] = model
+        if raw.get("tool_first") is True:
+            kept["tool_first"] = True
         return cls(**kept)
 
     def write(self, settings: Mapping[str, Any]) -> dict[str, Any]:
@@ -99,6 +103,9 @@ class Overrides:
             if f.name == "random_seed":
                 if value:
                     parts.append("a new seed per reply")
+            elif f.name == "tool_first":
+                if value:
+                    parts.append("a tool call before each answer")
             elif f.name == "model" and value:
                 parts.append(f"model {value.rsplit('/', 1)[-1]}")
             elif f.name == "overflow" and value is not None:
