@@ -281,19 +281,12 @@ class ChatController(QObject):
         conversation = self.conversations.get(conversation_id)
         if conversation is None or reply_id not in conversation.tree:
             return False
-        tree = conversation.tree
-        leaf = tree.active_leaf
+        leaf = conversation.tree.active_leaf
         try:
             change = conversation.answer_calls(reply_id, results)
         except TreeError:
             return False
-        if not self.save(conversation_id, change.nodes):
-            for node in change.nodes:
-                if node.id in tree:
-                    tree.delete_branch(node.id)
-            if leaf in tree:
-                tree.set_active(leaf)
-            self.changed.emit()
+        if not self._persist(change, leaf, conversation_id):
             return False
         self.changed.emit()
         if self.replies.model is None or self.replies.streaming is not None:
@@ -379,13 +372,15 @@ class ChatController(QObject):
 
     # --- internals ---------------------------------------------------------------------------
 
-    def _persist(self, change: Change, leaf: int) -> bool:
-        """Save the nodes a message operation added; if the store refuses, they leave the
-        tree again and `leaf` is the active leaf as before."""
-        assert self.current is not None
-        if self.save(self.current, change.nodes, change.deleted):
+    def _persist(self, change: Change, leaf: int, conversation_id: int | None = None) -> bool:
+        """Save the nodes a message operation added (to the current conversation, unless
+        another is named); if the store refuses, they leave the tree again and `leaf` is the
+        active leaf as before."""
+        cid = self.current if conversation_id is None else conversation_id
+        assert cid is not None
+        if self.save(cid, change.nodes, change.deleted):
             return True
-        tree = self.tree
+        tree = self.conversations[cid].tree
         for node in change.nodes:
             if node.id in tree:
                 tree.delete_branch(node.id)

@@ -4,7 +4,9 @@ highlighted code blocks (code-blocks), a reasoning model's replies, one with its
 folded and one unfolded (reasoning), and a conversation longer than its context, its oldest
 messages left out, with the context gauge (context); the model picker's Discover tab with the
 recommended models, a repository's quantizations with their fit and the downloads
-(discover), and the window while two downloads go on (downloads).
+(discover), and the window while two downloads go on (downloads); a tool loop (tools): a
+call of an MCP server's tool, its result unfolded, a retried call on another branch, and the
+next call waiting for the user's approval.
 
 The Discover shots are made offline: the repository on screen is the bundled SmolLM2 file's
 (its real size and header, read locally, as Discover reads a remote one over ranges), and the
@@ -28,6 +30,8 @@ if TYPE_CHECKING:
     from app.dialogs.model_picker import ModelPicker
     from app.state.hub_jobs import Downloads
     from app.window.main_window import MainWindow
+    from engine.core.tools import ToolCall
+    from engine.storage.store import Store
 
 CONTEXT_SHOT_N_CTX = 512
 CONTEXT_SHOT_REPLY = 64  # the longest reply, so the room kept for one
@@ -100,7 +104,13 @@ LONG_SAMPLE = [
                   "coast than the river brings. Some arms, like the Chilia, still push new "
                   "land into the sea."),
 ]
-SHOTS = ("main-window", "code-blocks", "reasoning", "context", "discover", "downloads")
+WEATHER_TOOL = {"type": "function", "function": {
+    "name": "get_weather", "description": "The forecast for a city and a day.",
+    "parameters": {"type": "object", "required": ["city", "day"], "properties": {
+        "city": {"type": "string"}, "day": {"type": "string"},
+        "hourly": {"type": "boolean"}}}}}
+SHOTS = ("main-window", "code-blocks", "reasoning", "context", "tools", "discover",
+         "downloads")
 
 
 def main(argv: list[str]) -> int:
@@ -152,6 +162,7 @@ def main(argv: list[str]) -> int:
     long.node(long.active_leaf).meta[LEFT_OUT] = left_out
     long_id = store.create(long, title="The Danube, source to delta")
     store.set_settings(long_id, Overrides(overflow=Overflow.DROP_OLDEST).write({}))
+    tools_id, pending = tool_sample(store)
     store.create(tree, title="Why oaks live long")
     # A small context, so that the long conversation outgrows it (the "context" shot).
     window = MainWindow(store=store, settings=Settings(n_ctx=CONTEXT_SHOT_N_CTX,
@@ -193,6 +204,16 @@ def main(argv: list[str]) -> int:
         window.chat.scrollTo(window.chat.model().index(left_out),
                              QAbstractItemView.ScrollHint.PositionAtCenter)
         shoot("context")
+    if "tools" in shots:
+        from app.state.tool_calls import Asking
+
+        open_light(tools_id)
+        rows = window.chat.model().rows()
+        window.chat.toggle_reasoning(rows[2].node_id)  # the first result unfolded
+        window.approval._on_asking(Asking(tools_id, pending, "weather"))
+        window.chat.scroll_to_end()
+        shoot("tools")
+        window.approval._on_asking(None)
     if "discover" in shots or "downloads" in shots:
         stage_downloads(window.downloads)
     if "discover" in shots:
@@ -208,6 +229,41 @@ def main(argv: list[str]) -> int:
     window.close()
     print(*saved)
     return 0
+
+
+def tool_sample(store: Store) -> tuple[int, ToolCall]:
+    """A conversation whose model calls an MCP server's tool: a first call and its result,
+    answered; a retried call beside it (the active branch); a next call not yet run."""
+    from engine.core.tools import TOOL_CALL_ID, TOOL_CALLS, TOOL_SERVERS, TOOLS, ToolCall
+    from engine.core.tree import Role, Tree
+
+    tree = Tree("You help with daily plans. Check the forecast before advising.")
+    tree.root.meta[TOOLS] = [WEATHER_TOOL]
+    tree.root.meta[TOOL_SERVERS] = {"get_weather": "weather"}
+    user = tree.add_child(tree.root_id, Role.USER, "Should I bike to work in Oslo tomorrow?")
+    answers = (
+        ({"city": "Oslo", "day": "tomorrow"},
+         '{"sky": "rain", "temp_c": 9, "wind_ms": 11}',
+         "Tomorrow brings **rain, 9 °C and a strong wind** (11 m/s). Take the tram, or bring "
+         "rain gear if you bike."),
+        ({"city": "Oslo", "day": "tomorrow", "hourly": True},
+         '{"07:00": {"sky": "cloudy", "temp_c": 7}, "08:00": {"sky": "rain", "temp_c": 8},\n'
+         ' "17:00": {"sky": "clear", "temp_c": 11}}',
+         "The rain starts around 8:00: leave before it and you stay dry on the way in; the "
+         "ride home at 17:00 is clear."),
+    )
+    for arguments, result, answer in answers:
+        call = ToolCall.new("get_weather", arguments)
+        reply = tree.add_child(user.id, Role.ASSISTANT, "")
+        reply.meta[TOOL_CALLS] = [call.to_meta()]
+        tool = tree.add_child(reply.id, Role.TOOL, result)
+        tool.meta[TOOL_CALL_ID] = call.id
+        tree.add_child(tool.id, Role.ASSISTANT, answer)
+    tree.add_child(tree.active_leaf, Role.USER, "And on Saturday?")
+    pending = ToolCall.new("get_weather", {"city": "Oslo", "day": "Saturday"})
+    reply = tree.add_child(tree.active_leaf, Role.ASSISTANT, "")
+    reply.meta[TOOL_CALLS] = [pending.to_meta()]
+    return store.create(tree, title="Biking in Oslo"), pending
 
 
 def stage_downloads(downloads: Downloads) -> None:

@@ -58,7 +58,8 @@ def replay(
             loaded = remote.load(str(path), EngineOptions(
                 settings, scenario.sampling, options, use_cache, scenario.template))
             session = Session(None, system=scenario.system, seed=scenario.seed,
-                              use_cache=use_cache, engine=remote, overflow=scenario.overflow)
+                              sampling=scenario.sampling, use_cache=use_cache, engine=remote,
+                              overflow=scenario.overflow)
             model_info, template, notices = dict(loaded.details), loaded.template_name, \
                 list(loaded.notices)
 
@@ -84,6 +85,8 @@ def replay(
             def store_stats() -> dict[str, Any] | None:
                 return asdict(store.stats()) if store is not None else None
         session.model = model_info
+        if scenario.tools:
+            session.set_tools([dict(tool) for tool in scenario.tools])
         conversation_id = None
         if db is not None:
             conversations = Store(db)
@@ -114,7 +117,7 @@ def replay(
 
 def run_step(session: Session, step: Step) -> StepReport:
     tree = session.tree
-    options = GenerationOptions(max_tokens=step.max_tokens)
+    options = GenerationOptions(max_tokens=step.max_tokens, tool_choice=step.tool_choice)
     try:
         match step.op:
             case Op.SEND:
@@ -157,6 +160,8 @@ def run_step(session: Session, step: Step) -> StepReport:
                     raise TreeError(f"variant {step.variant} does not exist (the message has "
                                     f"{len(siblings)} versions)")
                 return session.activate(siblings[step.variant])
+            case Op.RESULTS:
+                return session.answer_calls(step.texts, options)
             case Op.EXPORT:
                 assert step.path is not None
                 out = Path(step.path)

@@ -7,7 +7,10 @@
  "steps": [{"op": "send", "text": "...", "max_tokens": 32}, ...]}
 ```
 Ops: send, regenerate, edit (message, text), switch (message, variant), rewind (message),
-export (path). `message` is a 0-based index on the active path, system prompt excluded.
+export (path), results (texts: the active reply's tool calls answered, then its answer).
+`message` is a 0-based index on the active path, system prompt excluded. With `tools` (OpenAI's
+function tools) at the top, the conversation offers them; `tool_choice` on send, regenerate or
+edit ("required" or a tool's name) makes that reply call one.
 """
 
 from __future__ import annotations
@@ -46,6 +49,7 @@ class Op(StrEnum):
     FORK = "fork"  # a new conversation holding the path up to a message; later steps act on it
     SYSTEM = "system"  # the conversation's system prompt
     ACTIVATE = "activate"  # a version's branch, as a click in the tree panel does
+    RESULTS = "results"  # the active reply's tool calls answered (texts), then answered
 
 
 @dataclass(frozen=True)
@@ -57,6 +61,8 @@ class Step:
     variant: int | None = None
     max_tokens: int = DEFAULT_MAX_TOKENS
     path: str | None = None
+    tool_choice: str | None = None
+    texts: tuple[str, ...] = ()
 
     def describe(self) -> str:
         return f"step {self.index} ({self.op.value})"
@@ -72,14 +78,16 @@ class Scenario:
     system: str = ""
     template: str | None = None  # a chat template by name (engine.core.templates); None: automatic
     overflow: Overflow = Overflow.STOP  # a branch longer than the context (engine.core.overflow)
+    tools: tuple[dict[str, Any], ...] = ()  # offered to the model (OpenAI's function tools)
     steps: tuple[Step, ...] = ()
     base_dir: Path | None = None  # relative model paths are resolved against the file
 
 
 _FIELDS: dict[Op, dict[str, type]] = {
-    Op.SEND: {"text": str, "max_tokens": int},
-    Op.REGENERATE: {"message": int, "max_tokens": int},  # any reply; default: the last
-    Op.EDIT: {"message": int, "text": str, "max_tokens": int},
+    Op.SEND: {"text": str, "max_tokens": int, "tool_choice": str},
+    Op.REGENERATE: {"message": int, "max_tokens": int,  # any reply; default: the last
+                    "tool_choice": str},
+    Op.EDIT: {"message": int, "text": str, "max_tokens": int, "tool_choice": str},
     Op.SWITCH: {"message": int, "variant": int},
     Op.REWIND: {"message": int},
     Op.WARM: {},
@@ -90,6 +98,7 @@ _FIELDS: dict[Op, dict[str, type]] = {
     Op.FORK: {"message": int},
     Op.SYSTEM: {"text": str},
     Op.ACTIVATE: {"message": int, "variant": int},
+    Op.RESULTS: {"texts": list, "max_tokens": int},
 }
 _REQUIRED: dict[Op, set[str]] = {
     Op.SEND: {"text"},
@@ -105,10 +114,11 @@ _REQUIRED: dict[Op, set[str]] = {
     Op.FORK: {"message"},
     Op.SYSTEM: {"text"},
     Op.ACTIVATE: {"message", "variant"},
+    Op.RESULTS: {"texts"},
 }
 _TOP: dict[str, type | tuple[type, ...]] = {
     "model": str, "n_ctx": int, "n_batch": int, "seed": int, "sampling": dict,
-    "system": str, "template": str, "overflow": str, "steps": list,
+    "system": str, "template": str, "overflow": str, "tools": list, "steps": list,
 }
 _SAMPLING: dict[str, type | tuple[type, ...]] = {
     "temperature": (int, float), "top_k": int, "top_p": (int, float), "min_p": (int, float),
@@ -153,6 +163,11 @@ def parse_scenario(data: Any, *, base_dir: Path | None = None) -> Scenario:
     if overflow not in set(Overflow):
         raise ScenarioError(f"scenario: `overflow` must be one of "
                             f"{', '.join(o.value for o in Overflow)}, not {printable(overflow)}")
+    tools = data.get("tools", [])
+    if not all(isinstance(t, dict) and isinstance(t.get("function"), dict)
+               and isinstance(t["function"].get("name"), str) for t in tools):
+        raise ScenarioError("scenario: `tools` must be OpenAI's function tools, each with a "
+                            "name")
     return Scenario(
         model=data.get("model", "default"),
         n_ctx=data.get("n_ctx", 4096),
@@ -162,6 +177,7 @@ def parse_scenario(data: Any, *, base_dir: Path | None = None) -> Scenario:
         system=data.get("system", ""),
         template=data.get("template"),
         overflow=Overflow(overflow),
+        tools=tuple(tools),
         steps=steps,
         base_dir=base_dir,
     )
@@ -190,7 +206,15 @@ def _parse_step(index: int, raw: Any) -> Step:
         variant=raw.get("variant"),
         max_tokens=raw.get("max_tokens", DEFAULT_MAX_TOKENS),
         path=raw.get("path"),
+        tool_choice=raw.get("tool_choice"),
+        texts=_texts(where, raw.get("texts", [])),
     )
+
+
+def _texts(where: str, raw: list[Any]) -> tuple[str, ...]:
+    if not all(isinstance(t, str) for t in raw):
+        raise ScenarioError(f"{where}: `texts` must be a list of strings")
+    return tuple(raw)
 
 
 def _check_keys(

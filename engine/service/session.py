@@ -17,6 +17,7 @@ from engine.core.errors import Cancelled
 from engine.core.overflow import Overflow
 from engine.core.results import ReplyReport
 from engine.core.schedule import DEFAULT_INTERVAL
+from engine.core.tools import calls_of
 from engine.core.tree import Node, Role, Tree, TreeError
 from engine.llm.generator import Generator
 from engine.llm.runtime import CancelFn, ProgressFn, Runtime
@@ -60,6 +61,8 @@ class GenerationOptions:
     on_progress: ProgressFn | None = None
     on_text: TextFn | None = None
     cancel: CancelFn | None = None
+    # "required" or a tool's name: the reply must call one (engine.core.tools); None: free.
+    tool_choice: str | None = None
 
 
 class Session:
@@ -93,6 +96,7 @@ class Session:
         self.sink = sink
         self.conversation = Conversation(tree if tree is not None else Tree(system))
         self.seed = seed
+        self.sampling = sampling  # None: the engine's; a forced tool call starts from it
         self.use_cache = use_cache
         self.generator: Generator | None = None
         if engine is None:
@@ -184,6 +188,21 @@ class Session:
         """Bring back the last deleted branch."""
         return self._apply("undo", self.conversation.undo())
 
+    def set_tools(self, tools: list[dict[str, Any]]) -> StepReport:
+        """The tools the conversation offers the model (OpenAI's function tools)."""
+        return self._apply("tools", self.conversation.set_tools(tools, {}))
+
+    def answer_calls(self, texts: Sequence[str], options: GenerationOptions | None = None
+                     ) -> StepReport:
+        """The results of the active reply's calls, in order, and the model's answer."""
+        reply = self.tree.node(self.tree.active_leaf)
+        calls = calls_of(reply.meta)
+        if reply.role is not Role.ASSISTANT or len(calls) != len(texts):
+            raise TreeError(f"the active reply made {len(calls)} tool calls; "
+                            f"{len(texts)} results were given")
+        change = self.conversation.answer_calls(reply.id, list(zip(calls, texts, strict=True)))
+        return self._apply("results", change, options)
+
     def set_system(self, text: str) -> StepReport:
         return self._apply("system", self.conversation.set_system(text), text=text)
 
@@ -237,9 +256,12 @@ class Session:
         run = ReplyRun.begin(self.conversation, job, self._keep,
                              streaming=self.sink.streaming if self.sink is not None
                              else lambda _node: None)
+        sampling = None
+        if options.tool_choice is not None:
+            sampling = replace(self.sampling or SamplingParams(), tool_choice=options.tool_choice)
         result = outcome_result(run.run(
             self.engine, run.request(self.engine.next_id(), max_tokens=options.max_tokens,
-                                     seed=seed, overflow=self.overflow),
+                                     seed=seed, overflow=self.overflow, sampling=sampling),
             on_piece=options.on_text, on_progress=options.on_progress, cancel=options.cancel))
         return StepReport(op=op, node_id=run.reply.id,
                           text=result.text[len(run.start.was_text):], report=result.report)

@@ -542,6 +542,19 @@ def test_a_tool_loop_through_the_openai_client_is_a_branch_in_the_tree(
         answer = ask(client, loop, max_tokens=8, tools=[WEATHER_TOOL])
         assert answer.choices[0].finish_reason in ("stop", "length")
         assert answer.usage.prompt_tokens_details.cached_tokens > 0  # the call was kept
+        # The same request again (a retry): its whole prompt is reused.
+        again = ask(client, loop, max_tokens=8, tools=[WEATHER_TOOL])
+        assert again.usage.prompt_tokens_details.cached_tokens == again.usage.prompt_tokens
+        # A second call after the first result, its result, and the answer to both.
+        second = ask(client, loop, max_tokens=60, tools=[WEATHER_TOOL],
+                     tool_choice="required").choices[0].message.tool_calls[0]
+        loop2 = [*loop, {"role": "assistant", "content": None,
+                         "tool_calls": [second.model_dump()]},
+                 {"role": "tool", "tool_call_id": second.id, "content": '{"rain": false}'}]
+        final = ask(client, loop2, max_tokens=8, tools=[WEATHER_TOOL])
+        assert final.choices[0].finish_reason in ("stop", "length")
+        assert final.usage.prompt_tokens_details.cached_tokens > \
+            answer.usage.prompt_tokens_details.cached_tokens
         with pytest.raises(openai.BadRequestError, match="must be none"):
             ask(client, asked, tools=[WEATHER_TOOL],
                 tool_choice={"type": "function", "function": {"name": "launch"}})
@@ -550,9 +563,12 @@ def test_a_tool_loop_through_the_openai_client_is_a_branch_in_the_tree(
         tree = store.load(info.id)
         assert tree.root.meta["tools"][0]["function"]["name"] == "get_weather"
         path = tree.messages()
-        assert [n.role for n in path] == [Role.USER, Role.ASSISTANT, Role.TOOL, Role.ASSISTANT]
+        assert [n.role for n in path] == [Role.USER, Role.ASSISTANT, Role.TOOL] * 2 + [
+            Role.ASSISTANT]
         assert path[1].meta["tool_calls"][0]["id"] == call.id
         assert path[2].meta["tool_call_id"] == call.id
+        assert path[4].meta["tool_call_id"] == second.id
+        assert len(tree.siblings(path[3].id)) == 3  # the answer, its retry, the second call
     with serving(tiny_models["dense"], tmp_path / "b.db") as (_server, plain), \
             pytest.raises(openai.BadRequestError, match="takes no tools"):
         ask(plain, asked, tools=[WEATHER_TOOL])

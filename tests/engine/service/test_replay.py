@@ -280,3 +280,43 @@ def test_the_engine_process_replays_every_operation_as_the_engine_in_process_doe
             nodes = [(n.role, n.text, n.tokens, n.status) for n in a.load(mine.id).nodes()]
             assert nodes == [(n.role, n.text, n.tokens, n.status)
                              for n in b.load(theirs.id).nodes()]
+
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "The forecast for a city.",
+    "parameters": {"type": "object", "required": ["city"],
+                   "properties": {"city": {"type": "string", "maxLength": 12}}}}}
+TOOL_STEPS: list[dict[str, Any]] = [
+    {"op": "send", "text": "Will it rain in Oslo?", "tool_choice": "required",
+     "max_tokens": 40},
+    {"op": "results", "texts": ['{"sky": "rain", "temp_c": 9}'], "max_tokens": 12},
+    {"op": "edit", "message": 2, "text": '{"sky": "clear", "temp_c": 14}', "max_tokens": 12},
+    {"op": "switch", "message": 2, "variant": 0},
+    {"op": "regenerate", "max_tokens": 12},
+    {"op": "regenerate", "message": 1, "tool_choice": "get_weather", "max_tokens": 40},
+    {"op": "results", "texts": ["sunny"], "max_tokens": 12},
+]
+
+
+@pytest.mark.parametrize("kind", ALL_KINDS, ids=lambda k: k.value)
+def test_a_tool_loop_replays_and_equals_a_full_reprocess(
+        kind: MemoryKind, tool_models: dict[str, Path]) -> None:
+    """A forced call, its result answered, the result edited, a switch back to the first
+    result, a regenerated answer, a retried call and its result: every text equals a full
+    reprocess, and the cache decodes only the tails."""
+    scenario = parse_scenario({
+        "model": str(tool_models[kind.value]), "n_ctx": 2048, "n_batch": 32, "seed": 3,
+        "sampling": {"temperature": 0.0}, "tools": [WEATHER], "steps": TOOL_STEPS})
+    cached = replay(scenario, cache=CacheMode.CHECKPOINTS)
+    reference = replay(scenario, cache=CacheMode.NONE)
+    assert _texts(cached) == _texts(reference)
+    _check_accounting(cached)
+    steps = cached["steps"]
+    assert [s["op"] for s in steps] == ["send", "results", "edit", "switch", "regenerate",
+                                         "regenerate", "results"]
+    for step, ref in zip(steps, reference["steps"], strict=True):
+        if step["prompt_tokens"] is not None and step["op"] != "send":
+            assert step["decoded_tokens"] < ref["decoded_tokens"] // 2, step  # the tail only
+    # The edited result decodes only itself: the call's reply and the path before are kept.
+    assert steps[2]["reused_tokens"] >= steps[1]["reused_tokens"]
+    assert steps[4]["decoded_tokens"] == 0  # the first result's prompt end kept its logits
