@@ -563,8 +563,8 @@ def test_a_tool_loop_through_the_openai_client_is_a_branch_in_the_tree(
         tree = store.load(info.id)
         assert tree.root.meta["tools"][0]["function"]["name"] == "get_weather"
         path = tree.messages()
-        assert [n.role for n in path] == [Role.USER, Role.ASSISTANT, Role.TOOL] * 2 + [
-            Role.ASSISTANT]
+        assert [n.role for n in path] == [Role.USER, *[Role.ASSISTANT, Role.TOOL] * 2,
+                                          Role.ASSISTANT]
         assert path[1].meta["tool_calls"][0]["id"] == call.id
         assert path[2].meta["tool_call_id"] == call.id
         assert path[4].meta["tool_call_id"] == second.id

@@ -288,12 +288,12 @@ WEATHER = {"type": "function", "function": {
                    "properties": {"city": {"type": "string", "maxLength": 12}}}}}
 TOOL_STEPS: list[dict[str, Any]] = [
     {"op": "send", "text": "Will it rain in Oslo?", "tool_choice": "required",
-     "max_tokens": 40},
+     "max_tokens": 100},
     {"op": "results", "texts": ['{"sky": "rain", "temp_c": 9}'], "max_tokens": 12},
     {"op": "edit", "message": 2, "text": '{"sky": "clear", "temp_c": 14}', "max_tokens": 12},
     {"op": "switch", "message": 2, "variant": 0},
     {"op": "regenerate", "max_tokens": 12},
-    {"op": "regenerate", "message": 1, "tool_choice": "get_weather", "max_tokens": 40},
+    {"op": "regenerate", "message": 1, "tool_choice": "get_weather", "max_tokens": 100},
     {"op": "results", "texts": ["sunny"], "max_tokens": 12},
 ]
 
