@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import logging
 import threading
 import time
@@ -368,6 +369,21 @@ class LlamaModel:
 
     def token_text(self, token: int) -> str:
         return self.token_bytes(token, special=True).decode("utf-8", errors="replace")
+
+    @functools.cached_property
+    def call_markers(self) -> frozenset[int]:
+        """Special tokens that open a tool call in a family's format (`[TOOL_CALLS]` of
+        Mistral's newer vocabularies, `<|python_tag|>` of Llama 3's): llama.cpp leaves special
+        tokens out of a reply's text, so a reply's text shows these, or its calls could not
+        be read."""
+        from engine.core.tools import FORMATS
+
+        found = set()
+        for call_format in FORMATS:
+            tokens = self.tokenize(call_format.marker)
+            if len(tokens) == 1 and self.token_bytes(tokens[0]) != call_format.marker.encode():
+                found.add(tokens[0])
+        return frozenset(found)
 
     def is_eog(self, token: int) -> bool:
         return bool(lc.llama_vocab_is_eog(self.vocab, token))

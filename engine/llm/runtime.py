@@ -612,6 +612,7 @@ class Runtime:
             self.flush_capture()  # the prepared prompt's checkpoint is kept all the same
             raise
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        markers = self.model.call_markers  # shown in the text, unlike other special tokens
         tokens: list[int] = []
         pieces: list[str] = []
         logprobs: list[TokenLogprob] = []
@@ -637,7 +638,7 @@ class Runtime:
                 tokens.append(token)
                 if seen is not None and sampling.top_logprobs is not None:
                     logprobs.append(self._logprob(seen, token, sampling.top_logprobs))
-                piece = decoder.decode(self.model.token_bytes(token))
+                piece = decoder.decode(self.model.token_bytes(token, special=token in markers))
                 pieces.append(piece)
                 if on_token:
                     on_token(token, piece)

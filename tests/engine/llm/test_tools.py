@@ -22,6 +22,7 @@ from engine.llm.llama import SamplingParams
 from engine.llm.reply import call_sampling, run_reply
 from engine.storage.checkpoints import CheckpointStore
 from tests.conftest import ALL_KINDS, RuntimeFactory
+from tests.helpers import random_tokens
 
 GREEDY = SamplingParams(temperature=0.0)
 HOT = SamplingParams(temperature=1.0, top_k=0, top_p=1.0, min_p=0.0)
@@ -139,3 +140,24 @@ def test_a_template_without_tools_says_so_and_a_named_choice_must_be_offered(
     with pytest.raises(UnsupportedRequest, match="not among the tools"):
         run_reply(tools, path, max_tokens=4, seed=1,
                   sampling=replace(GREEDY, tool_choice="launch"))
+
+
+def test_a_special_token_that_opens_calls_shows_in_the_reply_text(
+        tiny_models: dict[str, Path], make_runtime: RuntimeFactory) -> None:
+    """llama.cpp leaves special tokens out of a reply's text; a vocabulary's call marker
+    (Mistral's `[TOOL_CALLS]`, Llama 3's `<|python_tag|>`) is shown, or the call could not be
+    read. SmolLM2's vocabulary has none: its `<|im_start|>` stands in for one, forced by a
+    logit bias."""
+    runtime = make_runtime(tiny_models["dense"], n_ctx=256, n_batch=64)
+    model = runtime.model
+    assert model.call_markers == frozenset()  # "<tool_call>" is text here, not one token
+    (special,) = model.tokenize("<|im_start|>")
+    assert model.token_bytes(special) == b"" and not model.is_eog(special)
+    forced = SamplingParams(temperature=0.0, logit_bias=((special, 100.0),))
+    runtime.prepare(random_tokens(12, seed=1))
+    hidden = runtime.generate(max_tokens=2, sampling=forced, seed=1)
+    assert hidden.tokens == (special, special) and hidden.text == ""
+    model.__dict__["call_markers"] = frozenset({special})  # as a real marker would be
+    runtime.prepare(random_tokens(12, seed=1))
+    shown = runtime.generate(max_tokens=2, sampling=forced, seed=1)
+    assert shown.tokens == hidden.tokens and shown.text == "<|im_start|><|im_start|>"
