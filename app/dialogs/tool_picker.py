@@ -40,8 +40,7 @@ class ToolPicker(QWidget):
         layout.addWidget(self.tree)
         layout.addWidget(self.note)
         self._servers: dict[str, QTreeWidgetItem] = {}
-        self._offered = {str(t["function"]["name"]): t for t in offered}
-        self._offered_servers = dict(offered_servers)
+        by_name = {str(t["function"]["name"]): t for t in offered}
         self.listed.connect(self._on_listed)
         enabled = [s for s in servers if s.enabled]
         if not enabled:
@@ -52,8 +51,8 @@ class ToolPicker(QWidget):
             item.setExpanded(True)
             self._servers[server.name] = item
             # What is offered already shows at once, checked, until the server answers.
-            for name, tool in self._offered.items():
-                if self._offered_servers.get(name) == server.name:
+            for name, tool in by_name.items():
+                if offered_servers.get(name) == server.name:
                     function = tool["function"]
                     self._add(item, McpTool(server.name, name,
                                             str(function.get("description") or ""),

@@ -20,7 +20,7 @@ import json
 import logging
 import re
 import threading
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TextIO, TypeVar
@@ -68,7 +68,6 @@ class _Connection:
     task: asyncio.Task[None] | None = None
     stop: asyncio.Event = field(default_factory=asyncio.Event)
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    why: str | None = None  # why it stopped, when it stopped by itself
 
 
 class McpHub:
@@ -126,10 +125,10 @@ class McpHub:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=_CLOSE_S)
 
-    def _submit(self, coroutine: Awaitable[T]) -> concurrent.futures.Future[T]:
+    def _submit(self, coroutine: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
         if self._closed:
             raise McpError("the MCP servers were shut down")
-        return asyncio.run_coroutine_threadsafe(_as_coroutine(coroutine), self._loop)
+        return asyncio.run_coroutine_threadsafe(coroutine, self._loop)
 
     # --- the hub's thread --------------------------------------------------------------------
 
@@ -178,7 +177,7 @@ class McpHub:
         with _errlog(self._log_dir, server) as errlog:
             try:
                 async with Client(_transport(server, errlog), mode="auto") as client:
-                    connection.client, connection.why = client, None
+                    connection.client = client
                     ready.set_result(None)
                     log.info("MCP server %s started", server.name)
                     await connection.stop.wait()
@@ -186,8 +185,7 @@ class McpHub:
                 if not ready.done():
                     ready.set_exception(exc if isinstance(exc, Exception)
                                         else McpError("cancelled"))
-                connection.why = _describe(exc)
-                log.info("MCP server %s stopped: %s", server.name, connection.why)
+                log.info("MCP server %s stopped: %s", server.name, _describe(exc))
                 if isinstance(exc, asyncio.CancelledError):
                     raise
             finally:
@@ -263,10 +261,6 @@ class McpHub:
 def _reached(server: McpServer) -> McpServer:
     """What connecting to `server` depends on."""
     return replace(server, always_allowed=())
-
-
-async def _as_coroutine(awaitable: Awaitable[T]) -> T:
-    return await awaitable
 
 
 @contextlib.contextmanager
