@@ -146,6 +146,15 @@ def tiny_models(tmp_path_factory: pytest.TempPathFactory, smollm2_path: Path) ->
     }
 
 
+@pytest.fixture(scope="session")
+def vendored(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Real models' chat templates (`templates/NAME.jinja`) and vocabularies
+    (`ggml-vocab-NAME.gguf`) from the vendored llama.cpp (tests/fixtures/vendored.py)."""
+    from tests.fixtures import vendored
+
+    return vendored.extract(tmp_path_factory.mktemp("vendored"))
+
+
 TOOLS_TEMPLATE = Path(__file__).parent / "fixtures" / "hermes_tools_template.jinja"
 
 

@@ -27,7 +27,8 @@ from enum import Enum
 from typing import Any
 
 from engine.api.stops import CallHoldback
-from engine.core.tools import FORMATS, ToolCall, ToolFormat, call_id
+from engine.core.call_formats import FORMATS, ToolFormat
+from engine.core.tools import ToolCall, call_id
 
 log = logging.getLogger(__name__)
 

@@ -5,6 +5,16 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 
+def held_from(text: str, patterns: Sequence[str], hold: int) -> int:
+    """Where the longest end of `text` that may begin one of `patterns` starts (at most
+    `hold` from the end); the text's length when no end may."""
+    for start in range(max(0, len(text) - hold), len(text)):
+        tail = text[start:]
+        if any(p.startswith(tail) for p in patterns):
+            return start
+    return len(text)
+
+
 class StopScanner:
     """Feed the reply's pieces; get back what may be shown. After a stop sequence, `hit` is
     True and `text` is the reply up to it (the sequence itself is not part of the reply)."""
@@ -26,7 +36,7 @@ class StopScanner:
             self.hit = True
             self.text = self.text[: min(found)]
             return self._release(len(self.text))
-        return self._release(len(self.text) - self._hold)
+        return self._release(held_from(self.text, self.stops, self._hold))
 
     def flush(self) -> str:
         """The rest, once the reply ended without a stop sequence."""
@@ -72,7 +82,7 @@ class CallHoldback:
             return self._release(at)
         if not body:
             return ""  # a reply may still open with a JSON call
-        return self._release(len(self.text) - self._hold)
+        return self._release(held_from(self.text, self.markers, self._hold))
 
     def _release(self, upto: int) -> str:
         if upto <= len(self.shown):

@@ -24,6 +24,7 @@ from engine.api.calls import CallDelta, CallStream
 from engine.api.schema import ApiError, ChatRequest, Usage
 from engine.api.stops import StopScanner
 from engine.config.params import SamplingParams
+from engine.core.call_formats import FORMATS
 from engine.core.errors import ArborError, Cancelled, EngineCrashed
 from engine.core.results import (
     FailureKind,
@@ -35,7 +36,7 @@ from engine.core.results import (
     Stopped,
     TokenLogprob,
 )
-from engine.core.tools import FORMATS, TOOL_CALLS, ToolCall, calls_of
+from engine.core.tools import TOOL_CALLS, ToolCall, calls_of
 from engine.core.tree import Node
 from engine.llm.reply import CancelFn, PieceFn
 from engine.service.protocol import ModelLoaded

@@ -36,7 +36,7 @@ class ContextParams:
 
 @dataclass(frozen=True)
 class LazyGrammar:
-    """Where a lazy JSON grammar holds (a tool call under tool_choice "auto", as llama-server
+    """Where a lazy grammar holds (a tool call under tool_choice "auto", as llama-server
     makes one): the reply is free until it writes `trigger`; from there on the grammar of
     `SamplingParams.json_schema` between `json_around` holds (whitespace at their edges is
     free), and once that JSON is complete the reply is free again until the next trigger.
@@ -67,6 +67,9 @@ class SamplingParams:
     json_schema: str | None = None
     json_around: tuple[str, str] = ("", "")  # literal text the JSON comes between
     json_lazy: LazyGrammar | None = None  # None: the grammar holds from the reply's start
+    # A GBNF grammar (rooted at `root`) instead of a JSON schema's: a tool call in a format
+    # that is not JSON (engine.core.call_formats); `json_lazy` applies to it the same way.
+    grammar: str | None = None
     # When the conversation offers tools (engine.core.tools): "auto" (the model may call
     # them), "required" (it must call one) or a tool's name (it must call that one); a
     # forced call is made by a grammar of the tools' schemas in the model's call format.

@@ -14,8 +14,11 @@ renders alike either way keeps what the model read and wrote.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
+import re
+import string
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -23,20 +26,16 @@ from datetime import datetime
 from typing import Any, Protocol
 
 import jinja2
+import jinja2.ext
+import jinja2.nodes
+import jinja2.parser
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from engine.core.call_formats import ToolFormat, ToolSupport, tool_format
 from engine.core.errors import ArborError, Cancelled
 from engine.core.prefix import common_prefix
 from engine.core.results import CancelFn
-from engine.core.tools import (
-    TOOL_CALL_ID,
-    TOOL_CALLS,
-    TOOLS,
-    ToolFormat,
-    calls_of,
-    tool_format,
-    tools_of,
-)
+from engine.core.tools import TOOL_CALL_ID, TOOL_CALLS, TOOLS, calls_of, tools_of
 from engine.core.tree import Node, Role
 
 log = logging.getLogger(__name__)
@@ -64,7 +63,8 @@ class ChatTemplate:
 
     def __init__(self, source: str, *, bos_text: str = "", eos_text: str = "") -> None:
         env = ImmutableSandboxedEnvironment(
-            trim_blocks=True, lstrip_blocks=True, undefined=jinja2.ChainableUndefined
+            trim_blocks=True, lstrip_blocks=True, undefined=jinja2.ChainableUndefined,
+            extensions=["jinja2.ext.loopcontrols", _GenerationTag],
         )
         env.globals["raise_exception"] = _raise_template_exception
         env.filters["tojson"] = _tojson  # as Hugging Face's: no HTML escapes, keys in order
@@ -76,10 +76,21 @@ class ChatTemplate:
         self.source = source
         self._bos_text = bos_text
         self._eos_text = eos_text
+        try:
+            self._calling: ToolFormat | None = tool_format(source)
+        except ToolSupport:
+            self._calling = None
+        # Mistral's templates refuse call ids other than 9 letters and digits.
+        self._short_ids = "length != 9" in source and "[TOOL_CALLS]" in source
+        # A template that takes tools but never reads a message's `tool_calls` (LFM2's):
+        # the calls are in the message's text, as the model wrote them.
+        self._calls_in_text = self._calling is not None and "tool_calls" not in source
 
     def render(self, messages: Sequence[dict[str, Any]], *, add_generation_prompt: bool,
                tools: list[dict[str, Any]] | None = None) -> str:
-        extra = {"tools": tools} if tools else {}
+        extra = {"tools": [_complete(tool) for tool in tools]} if tools else {}
+        if self._short_ids or self._calls_in_text:
+            messages = [self._for_template(m) for m in messages]
         try:
             return self._template.render(
                 messages=list(messages),
@@ -92,6 +103,62 @@ class ChatTemplate:
             raise
         except Exception as exc:  # a template may fail in many ways on unexpected input
             raise TemplateError(f"the model's chat template failed: {exc}") from exc
+
+
+    def _for_template(self, message: dict[str, Any]) -> dict[str, Any]:
+        """`message` as this template needs it (see __init__)."""
+        calls = message.get("tool_calls")
+        if self._calls_in_text and calls and self._calling is not None:
+            written = self._calling.render([
+                (c["function"]["name"], arguments if isinstance(
+                    arguments := c["function"]["arguments"], dict) else {}) for c in calls])
+            content = message.get("content") or ""
+            message = {k: v for k, v in message.items() if k != "tool_calls"}
+            message["content"] = f"{content}{written}"
+        if self._short_ids:
+            if message.get("tool_calls"):
+                message = {**message, "tool_calls": [
+                    {**c, "id": short_call_id(str(c.get("id", "")))}
+                    for c in message["tool_calls"]]}
+            if "tool_call_id" in message:
+                message = {**message, "tool_call_id": short_call_id(message["tool_call_id"])}
+        return message
+
+
+def _complete(tool: dict[str, Any]) -> dict[str, Any]:
+    """A tool as templates read it: some read a function's description and parameters
+    without asking whether it has them (OpenAI's API makes both optional)."""
+    function = tool.get("function")
+    if not isinstance(function, dict) or ("description" in function and "parameters" in function):
+        return tool
+    return {**tool, "function": {"description": "",
+                                 "parameters": {"type": "object", "properties": {}},
+                                 **function}}
+
+
+def short_call_id(call_id: str) -> str:
+    """A call id as Mistral's templates take it: 9 letters and digits; the same for the same
+    id, so a call and its result still match."""
+    if re.fullmatch(r"[A-Za-z0-9]{9}", call_id):
+        return call_id
+    digest = int.from_bytes(hashlib.sha256(call_id.encode()).digest()[:8], "big")
+    alphabet = string.ascii_letters + string.digits
+    out = []
+    for _ in range(9):
+        digest, index = divmod(digest, len(alphabet))
+        out.append(alphabet[index])
+    return "".join(out)
+
+
+class _GenerationTag(jinja2.ext.Extension):
+    """`{% generation %}…{% endgeneration %}`, which Hugging Face's renderer knows (it marks
+    what the assistant wrote, for training masks): rendered as its body."""
+
+    tags = {"generation"}  # noqa: RUF012 (Jinja's Extension declares it so)
+
+    def parse(self, parser: jinja2.parser.Parser) -> list[jinja2.nodes.Node]:
+        next(parser.stream)
+        return parser.parse_statements(("name:endgeneration",), drop_needle=True)
 
 
 class Template(Protocol):
@@ -361,17 +428,37 @@ class PromptBuilder:
         if not messages:
             return ""
         if self._renders is None:
-            return self._template.render(messages, add_generation_prompt=False, tools=tools)
+            return self._render_prefix(messages, tools)
         key = (json.dumps(tools), *(json.dumps(m, sort_keys=True) for m in messages))
         text = self._renders.get(key)
         if text is None:
-            text = self._renders[key] = self._template.render(
-                messages, add_generation_prompt=False, tools=tools)
+            text = self._renders[key] = self._render_prefix(messages, tools)
             while len(self._renders) > _KEPT_RENDERS:
                 self._renders.popitem(last=False)
         else:
             self._renders.move_to_end(key)
         return text
+
+    def _render_prefix(self, messages: list[dict[str, Any]],
+                       tools: list[dict[str, Any]] | None) -> str:
+        """The rendering of `messages` as the start of a conversation. A template may refuse
+        a conversation that is only a start (Llama 3.1's puts the tools into the first user
+        message, and refuses a system prompt with tools and no user message after it): then
+        the start is what the template writes before a user message that follows it (the
+        common prefix of two renderings with different user messages after it)."""
+        try:
+            return self._template.render(messages, add_generation_prompt=False, tools=tools)
+        except TemplateError as exc:
+            if messages[-1]["role"] == "user":
+                raise
+            refused = exc
+        try:
+            first, second = (self._template.render(
+                [*messages, {"role": "user", "content": probe}], add_generation_prompt=False,
+                tools=tools) for probe in (_SENTINEL, _SENTINEL[::-1]))
+        except TemplateError:
+            raise refused from None
+        return first[:common_prefix(first, second)]
 
     def _find_reply_opening(self) -> tuple[int, ...]:
         """The generation prompt's tokens after a one-message conversation: what a reply

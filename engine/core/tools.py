@@ -1,6 +1,6 @@
 """Tool calling in the tree: what a conversation offers the model, the calls a reply makes,
-and the results that answer them, as node meta; and the call formats of the model families,
-keyed on their chat templates' markers.
+and the results that answer them, as node meta (the families' call formats are in
+engine.core.call_formats).
 
 A conversation's tools live on its root (`TOOLS`: OpenAI's list of function tools); a reply
 that calls tools keeps them under `TOOL_CALLS` (its text is what it said besides); a `tool`
@@ -12,9 +12,8 @@ edit of a result, a retry of a call or a switch between results is a branch like
 from __future__ import annotations
 
 import json
-import re
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -119,117 +118,7 @@ def _parsed(text: str) -> object:
         return text
 
 
-# --- the families' formats --------------------------------------------------------------------
-
-
-Call = tuple[str, dict[str, Any]]  # a tool's name and its arguments
-Accept = Callable[[str, dict[str, Any]], bool]
-
-
-@dataclass(frozen=True)
-class ToolFormat:
-    """How a model family writes a call, found from its chat template's markers."""
-
-    name: str
-    marker: str  # the text a reply's calls begin with
-    prefix: str  # what a forced call starts with (before the JSON object)
-    suffix: str  # and ends with
-    at_open: bool = False  # a reply that opens with a JSON object is a call too
-    joiner: str = ""  # between the calls after one marker ("" : a marker per call)
-
-    def parse(self, text: str, accept: Accept) -> tuple[str, list[tuple[str, dict[str, Any]]]]:
-        """(what the reply said besides, the calls) of a reply's text. A call whose JSON does
-        not parse, that is not {name, arguments}, or that `accept` refuses (an unknown tool,
-        arguments its schema rejects) is left in the text as the model wrote it: never a
-        call the model did not make."""
-        match self.name:
-            case "hermes":
-                return _parse_hermes(text, accept)
-            case "mistral":
-                return _parse_mistral(text, accept)
-            case _:
-                return _parse_llama3(text, accept)
-
-
-HERMES = ToolFormat("hermes", "<tool_call>", "<tool_call>\n", "\n</tool_call>")
-MISTRAL = ToolFormat("mistral", "[TOOL_CALLS]", "[TOOL_CALLS][", "]", joiner=",")
-LLAMA3 = ToolFormat("llama3", "<|python_tag|>", "", "", at_open=True)
-FORMATS = (HERMES, MISTRAL, LLAMA3)
-
-
-class ToolSupport(Exception):
-    """The model's chat template cannot take tools (or writes calls in a way not known)."""
-
-
-def tool_format(template_source: str | None) -> ToolFormat:
-    """The call format of a Jinja chat template (None: one of llama.cpp's built-in ones,
-    which take no tools). Raises ToolSupport saying why when it has none."""
-    if template_source is None or "tools" not in template_source:
-        raise ToolSupport("this model's chat template takes no tools: it cannot call them")
-    if "<tool_call>" in template_source:
-        return HERMES
-    if "[TOOL_CALLS]" in template_source:
-        return MISTRAL
-    if "<|python_tag|>" in template_source or "ipython" in template_source:
-        return LLAMA3
-    raise ToolSupport("this model's chat template takes tools, but writes calls in a way "
-                      "Arbor does not read (it knows Hermes/Qwen, Llama 3 and Mistral calls)")
-
-
-_HERMES_CALL = re.compile(r"<tool_call>\s*(.*?)\s*</tool_call>", re.DOTALL)
-
-
-def _call_of(value: object, accept: Accept) -> Call | None:
-    if not isinstance(value, dict) or not isinstance(value.get("name"), str):
-        return None
-    arguments = value.get("arguments", value.get("parameters", {}))
-    if isinstance(arguments, str):
-        arguments = _parsed(arguments)
-    if not isinstance(arguments, dict) or not accept(value["name"], arguments):
-        return None
-    return value["name"], arguments
-
-
-def _loads(text: str) -> object:
-    try:
-        return json.loads(text)
-    except ValueError:
-        return None
-
-
-def _parse_hermes(text: str, accept: Accept) -> tuple[str, list[Call]]:
-    calls: list[Call] = []
-    kept: list[str] = []
-    pos = 0
-    for found in _HERMES_CALL.finditer(text):
-        call = _call_of(_loads(found.group(1)), accept)
-        if call is None:
-            continue
-        kept.append(text[pos:found.start()])
-        pos = found.end()
-        calls.append(call)
-    kept.append(text[pos:])
-    return "".join(kept).strip() if calls else text, calls
-
-
-def _parse_mistral(text: str, accept: Accept) -> tuple[str, list[Call]]:
-    at = text.find(MISTRAL.marker)
-    if at < 0:
-        return text, []
-    value = _loads(text[at + len(MISTRAL.marker):].strip())
-    items = value if isinstance(value, list) else [value]
-    calls = [c for c in (_call_of(item, accept) for item in items) if c is not None]
-    if not calls or len(calls) != len(items):
-        return text, []
-    return text[:at].strip(), calls
-
-
-def _parse_llama3(text: str, accept: Accept) -> tuple[str, list[Call]]:
-    body = text.strip()
-    if body.startswith(LLAMA3.marker):
-        body = body[len(LLAMA3.marker):].strip()
-    call = _call_of(_loads(body), accept) if body.startswith("{") else None
-    return (text, []) if call is None else ("", [call])
+# --- checking calls ------------------------------------------------------------------------
 
 
 def valid_call(tools: Sequence[Mapping[str, Any]], name: str, arguments: dict[str, Any]
@@ -254,9 +143,11 @@ def valid_call(tools: Sequence[Mapping[str, Any]], name: str, arguments: dict[st
     return False
 
 
-def call_schema(tools: Sequence[Mapping[str, Any]], choice: str) -> dict[str, Any]:
+def call_schema(tools: Sequence[Mapping[str, Any]], choice: str, key: str = "arguments"
+                ) -> dict[str, Any]:
     """The JSON schema of one call the reply must make: of `choice` (a tool's name), or of
-    any tool ("required")."""
+    any tool ("required"); `key`: what the family names the arguments (Llama 3:
+    "parameters")."""
     options = []
     for tool in tools:
         function = tool["function"]
@@ -264,7 +155,7 @@ def call_schema(tools: Sequence[Mapping[str, Any]], choice: str) -> dict[str, An
             continue
         options.append({"type": "object",
                         "properties": {"name": {"const": function["name"]},
-                                       "arguments": function.get("parameters")
+                                       key: function.get("parameters")
                                        or {"type": "object"}},
-                        "required": ["name", "arguments"], "additionalProperties": False})
+                        "required": ["name", key], "additionalProperties": False})
     return options[0] if len(options) == 1 else {"anyOf": options}

@@ -376,14 +376,42 @@ class LlamaModel:
         Mistral's newer vocabularies, `<|python_tag|>` of Llama 3's): llama.cpp leaves special
         tokens out of a reply's text, so a reply's text shows these, or its calls could not
         be read."""
-        from engine.core.tools import FORMATS
+        from engine.core.call_formats import FORMATS
 
         found = set()
-        for call_format in FORMATS:
-            tokens = self.tokenize(call_format.marker)
-            if len(tokens) == 1 and self.token_bytes(tokens[0]) != call_format.marker.encode():
+        for marker in {m for call_format in FORMATS for m in call_format.shown}:
+            tokens = self.tokenize(marker)
+            if len(tokens) == 1 and self.token_bytes(tokens[0]) != marker.encode():
                 found.add(tokens[0])
         return frozenset(found)
+
+    def spelling(self, text: bytes) -> list[int] | None:
+        """Tokens whose bytes are exactly `text` (the longest token at each step), or None
+        where there are none. Not how the tokenizer splits it: for a grammar, which reads
+        bytes, when the tokenizer does not give `text` back as it is."""
+        out: list[int] = []
+        at = 0
+        pieces = self._pieces
+        longest = max(len(piece) for piece in pieces)
+        while at < len(text):
+            for size in range(min(longest, len(text) - at), 0, -1):
+                token = pieces.get(text[at:at + size])
+                if token is not None:
+                    out.append(token)
+                    at += size
+                    break
+            else:
+                return None
+        return out
+
+    @functools.cached_property
+    def _pieces(self) -> dict[bytes, int]:
+        """Each token's bytes (control tokens' text too), the first token of each."""
+        pieces: dict[bytes, int] = {}
+        for token in range(self.n_vocab):
+            pieces.setdefault(self.token_bytes(token, special=True), token)
+        pieces.pop(b"", None)
+        return pieces
 
     def is_eog(self, token: int) -> bool:
         return bool(lc.llama_vocab_is_eog(self.vocab, token))
@@ -709,26 +737,33 @@ class Sampler:
 
     def _add_constraints(self, params: SamplingParams, model: LlamaModel | None,
                          history: Sequence[int]) -> None:
-        wanted = params.logit_bias or params.json_schema is not None or params.penalized
+        wanted = (params.logit_bias or params.json_schema is not None
+                  or params.grammar is not None or params.penalized)
         if not wanted:
             return
         if model is None:
             raise ValueError("logit bias, grammars and penalties need the model's vocabulary")
-        if params.json_schema is not None:
+        if params.json_schema is not None or params.grammar is not None:
             lazy = params.json_lazy
-            if lazy is None:
+            if params.json_schema is None:
+                assert params.grammar is not None
+                grammar, root = params.grammar, "root"
+            elif lazy is None:
                 grammar = json_grammar(params.json_schema, params.json_around)
                 root = "root" if params.json_around == ("", "") else WRAPPED_ROOT
             else:
                 grammar = call_grammar(params.json_schema, params.json_around, lazy.joiner)
                 root = WRAPPED_ROOT
+            if lazy is not None:
                 self._eog = model.eog
             self._grammar = lc.llama_sampler_init_grammar(model.vocab, grammar.encode(),
                                                           root.encode())
             if not self._grammar:
                 self._grammar = None
                 raise UnsupportedRequest("llama.cpp could not use the grammar made from this "
-                                         "JSON schema")
+                                         "JSON schema" if params.grammar is None else
+                                         "llama.cpp could not use the grammar of this "
+                                         "model's tool calls")
         if params.logit_bias:
             bad = [t for t, _ in params.logit_bias if not 0 <= t < model.n_vocab]
             if bad:
@@ -821,10 +856,15 @@ class Sampler:
             return
         assert self._model is not None
         try:
-            tokens = self._model.tokenize(text.decode("utf-8"))
+            tokens: list[int] | None = self._model.tokenize(text.decode("utf-8"))
         except UnicodeDecodeError:
-            tokens = []
-        if b"".join(self._model.token_bytes(t, special=True) for t in tokens) != text:
+            tokens = None
+        if tokens is None or b"".join(self._model.token_bytes(t, special=True)
+                                      for t in tokens) != text:
+            # A tokenizer may not give the text back as it is (SentencePiece's space before
+            # a text's start): any tokens that spell it will do for the grammar.
+            tokens = self._model.spelling(text)
+        if tokens is None:
             log.warning("the text after a tool call's marker cannot be given to its grammar "
                         "token by token: this call is not constrained")
             self._release()

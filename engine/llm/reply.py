@@ -17,6 +17,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from engine.config.params import LazyGrammar, SamplingParams
+from engine.core.call_formats import Syntax, ToolFormat, ToolSupport
 from engine.core.errors import UnsupportedRequest
 from engine.core.overflow import Overflow, read_part
 from engine.core.results import (
@@ -33,8 +34,6 @@ from engine.core.results import (
 from engine.core.tools import (
     TOOL_CALLS,
     ToolCall,
-    ToolFormat,
-    ToolSupport,
     call_schema,
     tool_names,
     tools_of,
@@ -63,16 +62,24 @@ def call_sampling(sampling: SamplingParams, tools: list[dict[str, Any]], calling
     as without it until then. (A reply that must follow response_format's schema keeps
     that grammar.)"""
     choice = sampling.tool_choice
+    if choice not in ("auto", "required") and choice not in tool_names(tools):
+        raise UnsupportedRequest(f"tool_choice names {choice!r}, which is not among the tools")
+    if calling.syntax is not Syntax.JSON:
+        if choice == "auto" and sampling.json_schema is not None:
+            return sampling
+        free = choice == "auto"
+        return replace(sampling, grammar=calling.grammar(
+            tools, "required" if free else choice, lazy=free),
+            json_lazy=LazyGrammar(calling.marker) if free else None)
     if choice == "auto":
         if sampling.json_schema is not None:
             return sampling
         lazy = LazyGrammar(calling.marker, at_open=calling.at_open, joiner=calling.joiner)
-        return replace(sampling, json_schema=json.dumps(call_schema(tools, "required")),
+        return replace(sampling,
+                       json_schema=json.dumps(call_schema(tools, "required", calling.key)),
                        json_around=(calling.prefix.removeprefix(calling.marker),
                                     calling.suffix), json_lazy=lazy)
-    if choice != "required" and choice not in tool_names(tools):
-        raise UnsupportedRequest(f"tool_choice names {choice!r}, which is not among the tools")
-    return replace(sampling, json_schema=json.dumps(call_schema(tools, choice)),
+    return replace(sampling, json_schema=json.dumps(call_schema(tools, choice, calling.key)),
                    json_around=(calling.prefix, calling.suffix))
 
 

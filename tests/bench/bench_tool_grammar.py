@@ -20,7 +20,7 @@ import statistics
 from dataclasses import replace
 
 from engine.config.params import SamplingParams
-from engine.core.tools import HERMES
+from engine.core.call_formats import HERMES
 from engine.core.tree import Role, Tree
 from engine.llm.generator import Generator
 from engine.llm.reply import call_sampling

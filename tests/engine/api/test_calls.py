@@ -18,8 +18,9 @@ from engine.api.server import Server, ServerOptions
 from engine.api.trees import LocalTrees
 from engine.api.worker import ApiWorker
 from engine.config.params import SamplingParams
+from engine.core.call_formats import FORMATS, HERMES
 from engine.core.results import FinishReason, Outcome, ReplyReport, ReplyResult, Source
-from engine.core.tools import FORMATS, HERMES, TOOL_CALLS, ToolCall, valid_call
+from engine.core.tools import TOOL_CALLS, ToolCall, valid_call
 from engine.core.tree import Node
 from engine.llm.reply import CancelFn, PieceFn
 from engine.service.protocol import ModelLoaded

@@ -9,18 +9,8 @@ from typing import Any
 import pytest
 
 from engine.api.stops import CallHoldback
-from engine.core.tools import (
-    FORMATS,
-    HERMES,
-    LLAMA3,
-    MISTRAL,
-    ToolCall,
-    ToolSupport,
-    call_schema,
-    shown_text,
-    tool_format,
-    valid_call,
-)
+from engine.core.call_formats import FORMATS, HERMES, LLAMA3, MISTRAL, ToolSupport, tool_format
+from engine.core.tools import ToolCall, call_schema, shown_text, valid_call
 from tests.conftest import TOOLS_TEMPLATE
 
 WEATHER = {"type": "function", "function": {

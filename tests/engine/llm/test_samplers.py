@@ -13,9 +13,10 @@ import jsonschema
 import numpy as np
 import pytest
 
+from engine.core.call_formats import HERMES, LLAMA3
 from engine.core.errors import UnsupportedRequest
 from engine.core.memory import MemoryKind
-from engine.core.tools import HERMES, LLAMA3, valid_call
+from engine.core.tools import valid_call
 from engine.core.tree import Role, Tree
 from engine.llm.generator import Generator
 from engine.llm.llama import LlamaModel, Sampler, SamplingParams, json_grammar
