@@ -25,14 +25,14 @@ from typing import Any
 
 from PySide6.QtCore import QObject, Signal, Slot
 
-from engine.models.download import (
-    Downloader,
+from engine.models.download import Downloader
+from engine.models.download_parts import (
     PartialDownload,
-    Progress,
     RemoteFile,
     discard_partial,
     list_partial,
 )
+from engine.models.download_transfer import Progress
 from engine.models.hub import HubClient, RepoDetails, SortOrder
 from engine.models.quants import QuantGroup, parse_gguf_name
 from engine.models.queue import Cancels, DownloadQueue, JobEvent, JobState

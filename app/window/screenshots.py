@@ -269,7 +269,8 @@ def tool_sample(store: Store) -> tuple[int, ToolCall]:
 def stage_downloads(downloads: Downloads) -> None:
     """Two downloads as they are a minute in: one running, one cancelled (to resume)."""
     from app.state.hub_jobs import DownloadRow, RowState
-    from engine.models.download import Progress, RemoteFile
+    from engine.models.download_parts import RemoteFile
+    from engine.models.download_transfer import Progress
 
     def remote(repo: str, name: str, size: int) -> RemoteFile:
         return RemoteFile(repo, name, f"https://huggingface.co/{repo}/resolve/main/{name}",

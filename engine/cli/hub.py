@@ -11,7 +11,8 @@ import time
 from engine.core.errors import printable
 from engine.files.paths import data_dirs
 from engine.models.credentials import load_token
-from engine.models.download import Downloader, Progress
+from engine.models.download import Downloader
+from engine.models.download_transfer import Progress
 from engine.models.hub import HubClient, SortOrder, parse_model_spec
 from engine.models.recommended import load_recommended
 from engine.models.remote import Hub

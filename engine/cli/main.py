@@ -38,7 +38,8 @@ from engine.models.files import list_models, read_model_info, resolve_model
 from engine.models.remote import BadRepoNameError, HubNotFoundError
 from engine.service.client import engine_log
 from engine.service.scenario import ScenarioError, load_scenario
-from engine.storage.store import Store, StoreOpenError
+from engine.storage.database import StoreOpenError
+from engine.storage.store import Store
 from engine.storage.transfer import (
     FileFormat,
     commit_import,

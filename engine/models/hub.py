@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 import httpx
 
 from engine.core.errors import printable
-from engine.models.download import RemoteFile
+from engine.models.download_parts import RemoteFile
 from engine.models.fit import Fit, check_fit, shape_of
 from engine.models.quants import QuantGroup, RepoFile, group_files, pick_group
 from engine.models.remote import (

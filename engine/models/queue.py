@@ -16,7 +16,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from enum import StrEnum
 
-from engine.models.download import Downloaded, Downloader, Progress, RemoteFile
+from engine.models.download import Downloader
+from engine.models.download_parts import RemoteFile
+from engine.models.download_transfer import Downloaded, Progress
 from engine.models.remote import HubCancelledError, HubError
 
 log = logging.getLogger(__name__)

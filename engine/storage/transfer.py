@@ -22,7 +22,8 @@ from engine.storage.formats.arbor_file import (
     read_session,
     write_session,
 )
-from engine.storage.formats.chatgpt import export_chatgpt, parse_chatgpt
+from engine.storage.formats.chatgpt_export import export_chatgpt
+from engine.storage.formats.chatgpt_import import parse_chatgpt
 from engine.storage.formats.markdown import export_markdown
 from engine.storage.formats.openai_messages import export_openai_messages, parse_openai_messages
 from engine.storage.store import Store

@@ -21,7 +21,7 @@ from pathlib import Path
 def write_export(path: Path, conversations: int, seed: int = 1) -> None:
     from engine.core.records import from_tree
     from engine.core.tree import Role, Tree
-    from engine.storage.formats.chatgpt import export_chatgpt
+    from engine.storage.formats.chatgpt_export import export_chatgpt
 
     rng = random.Random(seed)
     records = []

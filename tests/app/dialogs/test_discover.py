@@ -36,7 +36,9 @@ from app.window.main_window import MainWindow
 from engine.config.settings import Settings
 from engine.files.paths import data_dirs
 from engine.models.credentials import load_token
-from engine.models.download import Downloader, Progress, list_partial
+from engine.models.download import Downloader
+from engine.models.download_parts import list_partial
+from engine.models.download_transfer import Progress
 from engine.models.fit import GpuMemory, MemoryNeed
 from engine.models.hub import HubClient, fit_of
 from engine.models.recommended import load_recommended

@@ -23,7 +23,8 @@ from engine.files.paths import data_dirs
 from engine.llm.generator import Generator
 from engine.llm.llama import FlashAttention
 from engine.service.protocol import Warmed
-from engine.storage.store import Store, StoreWriteError
+from engine.storage.database import StoreWriteError
+from engine.storage.store import Store
 from engine.storage.transfer import FileFormat
 from tests.app_fixtures import TIMEOUT, process_gone, send
 from tests.fake_engine import Script, in_process_client

@@ -23,7 +23,7 @@ from app.window.main_window import MainWindow
 from engine.core.records import from_tree
 from engine.core.tree import NodeStatus, Role, Tree
 from engine.storage.formats.arbor_file import write_session
-from engine.storage.formats.chatgpt import export_chatgpt
+from engine.storage.formats.chatgpt_export import export_chatgpt
 from engine.storage.store import ConversationInfo, Store
 from engine.storage.transfer import ParsedImport, parse_import
 from tests.fake_engine import Script, in_process_client

@@ -15,7 +15,8 @@ from app.look.actions import ACTIONS, TOOLBAR, Menu, Scope, shortcut_rows, spec,
 from app.state.controller import ChatController
 from engine.core.tree import NodeStatus, Role
 from engine.service.protocol import GenerateRequest
-from engine.storage.store import Store, StoreWriteError
+from engine.storage.database import StoreWriteError
+from engine.storage.store import Store
 from tests.app_fixtures import TEST_SETTINGS, TIMEOUT, destroy
 from tests.fake_engine import Script, in_process_client
 

@@ -24,7 +24,8 @@ from engine.config.settings import Settings
 from engine.core.overflow import Overflow
 from engine.core.tree import Role, Tree
 from engine.files.paths import data_dirs
-from engine.models.download import Downloader, Progress
+from engine.models.download import Downloader
+from engine.models.download_transfer import Progress
 from engine.models.hub import HubClient
 from engine.models.remote import Hub, HubCancelledError
 from engine.storage.store import Store

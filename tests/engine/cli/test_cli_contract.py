@@ -15,7 +15,7 @@ import pytest
 
 from engine.core.records import from_tree
 from engine.core.tree import Role, Tree
-from engine.storage.formats.chatgpt import export_chatgpt
+from engine.storage.formats.chatgpt_export import export_chatgpt
 from engine.storage.store import DB_NAME, Store
 
 ROOT = Path(__file__).resolve().parents[3]

@@ -37,7 +37,8 @@ from engine.llm.reply import run_reply
 from engine.llm.runtime import Generation, Runtime, RuntimeSettings
 from engine.service.session import GenerationOptions, Session
 from engine.storage.checkpoints import CheckpointStore
-from engine.storage.formats.chatgpt import export_chatgpt, parse_chatgpt
+from engine.storage.formats.chatgpt_export import export_chatgpt
+from engine.storage.formats.chatgpt_import import parse_chatgpt
 from engine.storage.formats.markdown import export_markdown
 from engine.storage.store import Store
 from tests.conftest import ALL_KINDS

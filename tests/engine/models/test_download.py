@@ -23,20 +23,17 @@ from pathlib import Path
 import pytest
 
 from engine.files.paths import data_dirs
-from engine.models import download, files
+from engine.models import download_transfer, files
 from engine.models.credentials import load_token, save_token
-from engine.models.download import (
-    ChecksumMismatchError,
-    DiskFullError,
+from engine.models.download import Downloader, RetryPolicy
+from engine.models.download_parts import (
     DownloadBusyError,
-    Downloader,
-    Progress,
     RemoteFile,
-    RetryPolicy,
     list_partial,
     part_path,
     sidecar_path,
 )
+from engine.models.download_transfer import ChecksumMismatchError, DiskFullError, Progress
 from engine.models.hub import HubClient
 from engine.models.queue import DownloadQueue, JobEvent, JobState
 from engine.models.remote import (
@@ -273,14 +270,14 @@ def test_a_full_disk_stops_cleanly_with_the_part_kept(
         monkeypatch: pytest.MonkeyPatch) -> None:
     hub, remote = _remote(fake_hub)
     # Before starting: too little free space, nothing is asked of the server.
-    monkeypatch.setattr(download, "_free_bytes", lambda folder: 1 << 20)
+    monkeypatch.setattr(download_transfer, "_free_bytes", lambda folder: 1 << 20)
     with pytest.raises(DiskFullError, match=r"full .* more are needed"):
         Downloader(models_dir, hub).download(remote)
     assert fake_hub.cdn_requests() == []
     monkeypatch.undo()
 
     # While writing: the write itself fails with ENOSPC after 3 MiB.
-    real_write = download._write_at
+    real_write = download_transfer._write_at
     limit = 3 << 20
 
     def full_disk(fd: int, data: memoryview, offset: int) -> int:
@@ -290,7 +287,7 @@ def test_a_full_disk_stops_cleanly_with_the_part_kept(
             raise OSError(errno.ENOSPC, "No space left on device")
         return real_write(fd, data, offset)
 
-    monkeypatch.setattr(download, "_write_at", full_disk)
+    monkeypatch.setattr(download_transfer, "_write_at", full_disk)
     with pytest.raises(DiskFullError, match=rf"{limit} bytes of {re.escape(NAME)} are kept"):
         Downloader(models_dir, hub).download(remote)
     part = part_path(models_dir / NAME)

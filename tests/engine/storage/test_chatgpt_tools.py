@@ -19,7 +19,9 @@ from engine.core.records import ConversationRecord, NodeRecord, from_tree, to_tr
 from engine.core.tools import TOOL_CALL_ID, TOOL_CALLS, TOOLS, ToolCall, calls_of
 from engine.core.tree import NodeStatus, Role, Tree
 from engine.files.regular import FormatError
-from engine.storage.formats.chatgpt import ARBOR_CALL_ID, export_chatgpt, parse_chatgpt
+from engine.storage.formats.chatgpt_export import export_chatgpt
+from engine.storage.formats.chatgpt_import import parse_chatgpt
+from engine.storage.formats.chatgpt_mapping import ARBOR_CALL_ID
 from engine.storage.store import Store
 from engine.storage.transfer import FileFormat, export_file, import_file
 

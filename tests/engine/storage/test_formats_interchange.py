@@ -25,8 +25,9 @@ from engine.core.tools import TOOL_CALL_ID, TOOL_CALLS, TOOLS, ToolCall
 from engine.core.tree import NodeStatus, Role, Tree
 from engine.files.regular import FormatError
 from engine.files.strict_json import dumps_strict, loads_strict
-from engine.storage.formats import chatgpt
-from engine.storage.formats.chatgpt import export_chatgpt, parse_chatgpt
+from engine.storage.formats import chatgpt_import
+from engine.storage.formats.chatgpt_export import export_chatgpt
+from engine.storage.formats.chatgpt_import import parse_chatgpt
 from engine.storage.formats.markdown import export_markdown
 from engine.storage.formats.openai_messages import export_openai_messages, parse_openai_messages
 
@@ -463,7 +464,7 @@ def test_size_limit() -> None:
 
 
 def test_conversation_count_limit(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(chatgpt, "MAX_CONVERSATIONS", 2)
+    monkeypatch.setattr(chatgpt_import, "MAX_CONVERSATIONS", 2)
     with pytest.raises(FormatError, match="holds more than 2 conversations; the limit is 2"):
         parse_chatgpt(_dump([_chain_conversation()] * 3))
     assert len(parse_chatgpt(_dump([_chain_conversation()] * 2))) == 2
@@ -473,7 +474,7 @@ def test_the_conversation_limit_bites_while_parsing(monkeypatch: pytest.MonkeyPa
     """A file far past the limit is refused before it is parsed whole (a 12 MB file of
     conversations took 363 MiB). Bound: the file's decoded text plus the conversations up to
     the limit, here well under twice the file's size."""
-    monkeypatch.setattr(chatgpt, "MAX_CONVERSATIONS", 100)
+    monkeypatch.setattr(chatgpt_import, "MAX_CONVERSATIONS", 100)
     one = _dump([_chain_conversation(1)])[1:-1]
     data = b"[" + b",".join([one] * (12_000_000 // len(one))) + b"]"
     tracemalloc.start()

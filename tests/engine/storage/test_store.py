@@ -18,15 +18,9 @@ from engine.core.records import ConversationRecord, from_tree
 from engine.core.tree import Node, NodeStatus, Role, Tree
 from engine.service.replay import replay
 from engine.service.scenario import parse_scenario
-from engine.storage.store import (
-    PURGE_AFTER_S,
-    SCHEMA_VERSION,
-    Store,
-    StoreOpenError,
-    StoreSink,
-    StoreWriteError,
-    _write_error,
-)
+from engine.storage.database import SCHEMA_VERSION, StoreOpenError, StoreWriteError
+from engine.storage.database import write_error as _write_error
+from engine.storage.store import PURGE_AFTER_S, Store, StoreSink
 
 
 def _tree(*texts: str, system: str = "sys") -> Tree:
@@ -198,12 +192,12 @@ def test_a_version_2_store_takes_tool_results_after_its_upgrade(
 ) -> None:
     """Migration 3 widens the role check in place (tool results are nodes): what was stored
     stays, a tool node is saved and read back, and the file is sound."""
-    import engine.storage.store as store_module
+    import engine.storage.database as database
 
     db = tmp_path / "c.db"
     with monkeypatch.context() as patch:  # the store as the previous version wrote it
-        patch.setattr(store_module, "MIGRATIONS", store_module.MIGRATIONS[:2])
-        patch.setattr(store_module, "SCHEMA_VERSION", 2)
+        patch.setattr(database, "MIGRATIONS", database.MIGRATIONS[:2])
+        patch.setattr(database, "SCHEMA_VERSION", 2)
         with Store(db) as old:
             cid = old.create(_tree("before tools"), title="old")
             with pytest.raises(ArborError, match="CHECK constraint"):
@@ -323,7 +317,7 @@ def test_replay_persists_every_operation(tmp_path: Path, tiny_models: dict[str, 
 def test_a_failing_migration_changes_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import engine.storage.store as store_module
+    import engine.storage.database as database
 
     db = tmp_path / "c.db"
     with sqlite3.connect(db) as raw:
@@ -333,8 +327,8 @@ def test_a_failing_migration_changes_nothing(
         conn.execute("CREATE TABLE half_done (y)")
         raise sqlite3.OperationalError("simulated failure in migration 2")
 
-    monkeypatch.setattr(store_module, "MIGRATIONS", [*store_module.MIGRATIONS, broken])
-    monkeypatch.setattr(store_module, "SCHEMA_VERSION", len(store_module.MIGRATIONS))
+    monkeypatch.setattr(database, "MIGRATIONS", [*database.MIGRATIONS, broken])
+    monkeypatch.setattr(database, "SCHEMA_VERSION", len(database.MIGRATIONS))
     with pytest.raises(StoreOpenError, match="simulated failure"):
         Store(db)
     with sqlite3.connect(db) as raw:

@@ -15,7 +15,7 @@ from engine.core.records import ConversationRecord, from_tree
 from engine.core.tree import Role, Tree
 from engine.files.regular import FormatError
 from engine.storage.formats.arbor_file import write_session
-from engine.storage.formats.chatgpt import export_chatgpt
+from engine.storage.formats.chatgpt_export import export_chatgpt
 from engine.storage.formats.openai_messages import export_openai_messages
 from engine.storage.store import Store
 from engine.storage.transfer import ParsedImport, commit_import, import_file, parse_import
