@@ -72,11 +72,19 @@ def reasoning_block(
 def make_room(doc: QTextDocument, block: ReasoningBlock) -> None:
     """Room above the answer for the reasoning: the root frame's top margin (Qt's layout
     drops the first block's own top margin, so a code block's strip there is added too and
-    stays just above its code)."""
-    first = doc.begin().blockFormat().topMargin()
+    stays just above its code).
+
+    With no answer (a tool's result is all fold; a reply cut off, or still streaming, inside
+    its reasoning) the fold is the whole message: the document's one empty block would be
+    an empty line below it, so it is hidden, and the gap kept above an answer is dropped."""
+    room = block.height + doc.begin().blockFormat().topMargin()
+    if doc.isEmpty():
+        doc.begin().setVisible(False)  # an invisible block takes no height in the layout
+        doc.markContentsDirty(0, doc.characterCount())
+        room = block.height - GAP
     frame = doc.rootFrame()
     fmt = frame.frameFormat()
-    fmt.setTopMargin(block.height + first)
+    fmt.setTopMargin(room)
     frame.setFrameFormat(fmt)
 
 

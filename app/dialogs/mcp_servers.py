@@ -162,7 +162,6 @@ class McpServersBox(QGroupBox):
         self.servers = list(servers)
         self.list = QListWidget()
         self.list.setAccessibleName("MCP servers")
-        self.list.setMaximumHeight(90)
         self.add = QPushButton("Add…")
         self.edit = QPushButton("Edit…")
         self.remove = QPushButton("Remove")

@@ -1,28 +1,39 @@
-"""Settings: the engine's context and offload, the checkpoint store, sampling, appearance,
-the MCP servers whose tools conversations may offer.
+"""Settings: the engine's context and offload, the checkpoint store, sampling, the MCP servers
+whose tools conversations may offer, the local API server, the Hugging Face token, appearance.
+
+Each of these is a page, chosen in a list on the left (arrow keys there; Ctrl+PgDown and
+Ctrl+PgUp, or Ctrl+Tab and Ctrl+Shift+Tab, from anywhere in the dialog); a page scrolls when
+the screen is too short for it, so the dialog fits a 1280x720 screen.
 
 The dialog edits a copy; the owner saves and applies what `chosen()` returns. While the user
-edits, a line under the form says what applying will cost: nothing, a reload of the model, or
+edits, a line under the pages says what applying will cost: nothing, a reload of the model, or
 a reload that leaves the saved checkpoints unusable (so the next reply in every conversation
-reads it from the start).
+reads it from the start), or why the form cannot be applied, whichever page is shown.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QSize, Qt
+from PySide6.QtGui import QKeySequence, QShortcut, QShowEvent
 from PySide6.QtWidgets import (
+    QAbstractItemView,
     QCheckBox,
     QComboBox,
     QDialog,
     QDialogButtonBox,
     QDoubleSpinBox,
     QFormLayout,
+    QFrame,
     QGroupBox,
+    QHBoxLayout,
     QLabel,
     QLineEdit,
+    QListWidget,
+    QScrollArea,
     QSpinBox,
+    QStackedWidget,
     QVBoxLayout,
     QWidget,
 )
@@ -148,20 +159,48 @@ class SettingsDialog(QDialog):
         self.buttons.accepted.connect(self.accept)
         self.buttons.rejected.connect(self.reject)
 
-        column = QVBoxLayout(self)
-        replies = "Replies (defaults: Ctrl+Shift+, gives a conversation its own)"
-        for title, form in (("Model and context", engine), ("Checkpoints", checkpoints),
-                            (replies, sampling), ("Local API server", api),
-                            ("Appearance", look)):
-            box = QGroupBox(title)
-            box.setLayout(form)
-            column.addWidget(box)
         self.mcp = McpServersBox(current.mcp_servers)
         self.mcp.changed.connect(self._update)
-        column.addWidget(self.mcp)
         self.token = TokenBox()  # saved by the owner on accept (ModelSettings)
         self.token.field.textChanged.connect(self._update)
-        column.addWidget(self.token)
+
+        # The pages, in the list's order: a box each.
+        self.sections = QListWidget()
+        self.sections.setObjectName("settings-sections")
+        self.sections.setAccessibleName("Settings pages")
+        self.sections.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.sections.setVerticalScrollMode(QAbstractItemView.ScrollMode.ScrollPerPixel)
+        self.pages = QStackedWidget()
+        self.pages.setObjectName("settings-pages")
+        replies = "Replies (defaults: Ctrl+Shift+, gives a conversation its own)"
+        for name, page in (("Model", _box("Model and context", engine)),
+                           ("Checkpoints", _box("Checkpoints", checkpoints)),
+                           ("Replies", _box(replies, sampling)),
+                           ("Tools", self.mcp),  # its list takes the page's height
+                           ("Local API", _box("Local API server", api)),
+                           ("Hugging Face", self.token),
+                           ("Appearance", _box("Appearance", look))):
+            self.sections.addItem(name)
+            self.pages.addWidget(_Page(page, name, fill=page is self.mcp))
+        for row in range(self.sections.count()):  # roomier rows than a plain list's
+            item = self.sections.item(row)
+            hint = self.sections.sizeHintForIndex(self.sections.indexFromItem(item))
+            item.setSizeHint(QSize(hint.width(), hint.height() + 10))
+        self.sections.setFixedWidth(self.sections.sizeHintForColumn(0)
+                                    + 2 * self.sections.frameWidth() + 24)
+        self.sections.currentRowChanged.connect(self.pages.setCurrentIndex)
+        self.sections.setCurrentRow(0)
+        for keys, step in ((QKeySequence.StandardKey.NextChild, 1),
+                           (QKeySequence.StandardKey.PreviousChild, -1),
+                           (QKeySequence("Ctrl+PgDown"), 1), (QKeySequence("Ctrl+PgUp"), -1)):
+            shortcut = QShortcut(keys, self)
+            shortcut.activated.connect(lambda step=step: self.step_page(step))
+
+        top = QHBoxLayout()
+        top.addWidget(self.sections)
+        top.addWidget(self.pages, 1)
+        column = QVBoxLayout(self)
+        column.addLayout(top, 1)
         column.addWidget(self.effect_label)
         column.addWidget(self.buttons)
 
@@ -177,6 +216,29 @@ class SettingsDialog(QDialog):
         self.api_key.textChanged.connect(self._update)
         self.rpc_workers.textChanged.connect(self._update)
         self._update()
+
+    def page_names(self) -> list[str]:
+        """The pages, as the list names them, in its order."""
+        return [self.sections.item(row).text() for row in range(self.sections.count())]
+
+    def show_page(self, name: str) -> None:
+        """Show the page called `name` (as the list says it)."""
+        self.sections.setCurrentRow(self.page_names().index(name))
+
+    def step_page(self, step: int) -> None:
+        """Show the next (1) or previous (-1) page, round the end as tabs do."""
+        count = self.sections.count()
+        self.sections.setCurrentRow((self.sections.currentRow() + step) % count)
+
+    def showEvent(self, event: QShowEvent) -> None:
+        """Open at the size the pages want, within the screen's free area (Qt's own first
+        size stops at two thirds of the screen, which scrolls the longer pages on a laptop
+        for nothing)."""
+        if not event.spontaneous() and not self.isMaximized():
+            self.resize(open_size(self.sizeHint().expandedTo(self.size()),
+                                  self.minimumSizeHint(),
+                                  self.screen().availableGeometry().size()))
+        super().showEvent(event)
 
     def chosen(self) -> Settings:
         """The settings as edited. Raises SettingsError for a combination that cannot work."""
@@ -225,6 +287,56 @@ class SettingsDialog(QDialog):
         ok.setEnabled(problem is None)
         self.effect_label.setText(f"Cannot save the token: {problem}." if problem
                                   else _EFFECT_TEXT[effect])
+
+
+# Room left around the dialog for its title bar and borders, which Qt does not count in its
+# size: the window manager draws them.
+WINDOW_FRAME = QSize(16, 48)
+
+
+def open_size(wanted: QSize, least: QSize, screen: QSize) -> QSize:
+    """The size to open at: `wanted`, within a free screen area of `screen` less the window's
+    frame, never under `least` (the pages then scroll)."""
+    return wanted.boundedTo(screen - WINDOW_FRAME).expandedTo(least)
+
+
+class _Page(QScrollArea):
+    """One page: its box at the top (or filling it, `fill`), scrolled when the dialog is
+    shorter than the box. It wants the box's full width (no sideways scrolling) and, like any
+    scroll area, at most 24 lines' height."""
+
+    def __init__(self, box: QWidget, name: str, *, fill: bool = False) -> None:
+        super().__init__()
+        self.setObjectName(f"settings-page-{name.lower().replace(' ', '-')}")
+        self.setAccessibleName(name)
+        self.content = content = QWidget()
+        column = QVBoxLayout(content)
+        column.setContentsMargins(0, 0, 0, 0)
+        column.addWidget(box, 1 if fill else 0)
+        if not fill:
+            column.addStretch(1)
+        self.setWidget(content)
+        self.setWidgetResizable(True)
+        self.setFrameShape(QFrame.Shape.NoFrame)
+        self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
+        self.setFocusPolicy(Qt.FocusPolicy.NoFocus)  # Tab goes to the fields; they scroll in
+
+    def _width(self, content: int) -> int:
+        return content + 2 * self.frameWidth() + self.verticalScrollBar().sizeHint().width()
+
+    def sizeHint(self) -> QSize:
+        content = self.content.sizeHint()
+        return QSize(self._width(content.width()), super().sizeHint().height())
+
+    def minimumSizeHint(self) -> QSize:
+        content = self.content.minimumSizeHint()
+        return QSize(self._width(content.width()), super().minimumSizeHint().height())
+
+
+def _box(title: str, form: QFormLayout) -> QGroupBox:
+    box = QGroupBox(title)
+    box.setLayout(form)
+    return box
 
 
 def _spin(low: int, high: int, value: int, suffix: str, *, step: int = 1) -> QSpinBox:

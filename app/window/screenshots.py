@@ -6,7 +6,7 @@ messages left out, with the context gauge (context); the model picker's Discover
 recommended models, a repository's quantizations with their fit and the downloads
 (discover), and the window while two downloads go on (downloads); a tool loop (tools): a
 call of an MCP server's tool, its result unfolded, a retried call on another branch, and the
-next call waiting for the user's approval.
+next call waiting for the user's approval; the Settings dialog on its first page (settings).
 
 The Discover shots are made offline: the repository on screen is the bundled SmolLM2 file's
 (its real size and header, read locally, as Discover reads a remote one over ranges), and the
@@ -109,8 +109,8 @@ WEATHER_TOOL = {"type": "function", "function": {
     "parameters": {"type": "object", "required": ["city", "day"], "properties": {
         "city": {"type": "string"}, "day": {"type": "string"},
         "hourly": {"type": "boolean"}}}}}
-SHOTS = ("main-window", "code-blocks", "reasoning", "context", "tools", "discover",
-         "downloads")
+SHOTS = ("main-window", "code-blocks", "reasoning", "context", "tools", "settings",
+         "discover", "downloads")
 
 
 def main(argv: list[str]) -> int:
@@ -214,6 +214,17 @@ def main(argv: list[str]) -> int:
         window.chat.scroll_to_end()
         shoot("tools")
         window.approval._on_asking(None)
+    if "settings" in shots:
+        from app.dialogs.settings_dialog import SettingsDialog
+
+        apply_theme(app, Theme.LIGHT)
+        dialog = SettingsDialog(window.settings, window)
+        dialog.show()
+        app.processEvents()
+        dialog.grab().save(str(out / "settings.png"))
+        saved.append(out / "settings.png")
+        dialog.close()
+        dialog.deleteLater()
     if "discover" in shots or "downloads" in shots:
         stage_downloads(window.downloads)
     if "discover" in shots:
