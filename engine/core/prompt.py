@@ -572,7 +572,13 @@ class _Tiling:
                 pieces[index] = ""
                 continue
             found = None
-            if frame is not None and (consistent or node.role is not Role.ASSISTANT):
+            # A reply is vouched for only before a user message: that is the later form its
+            # tokens keep; followed by another reply (a continue) the template may render it
+            # otherwise (a reasoning template keeps its reasoning there and drops it before
+            # a user message), so it is rendered on its own.
+            later_known = node.role is not Role.ASSISTANT or path[index + 1].role is Role.USER
+            if frame is not None and later_known and (consistent
+                                                      or node.role is not Role.ASSISTANT):
                 for piece in frame.pieces(node.text):
                     if full.startswith(piece, pos):
                         found = (piece, piece)

@@ -213,6 +213,9 @@ _TEXTS = st.one_of(
          messages=[(Role.ASSISTANT, ""), (Role.ASSISTANT, ""), (Role.USER, ""),
                    (Role.ASSISTANT, ""), (Role.ASSISTANT, ""), (Role.USER, ""),
                    (Role.USER, "")])
+@example(name="reasoning", system="S", tokenized=0,  # a reply with reasoning, then a continue
+         messages=[(Role.ASSISTANT, ""), (Role.ASSISTANT, ""), (Role.USER, ""),
+                   (Role.ASSISTANT, "<think>\nx\n</think>\n\ny"), (Role.ASSISTANT, "")])
 def test_tiling_never_changes_a_token(name: str, system: str,
                                       messages: list[tuple[Role, str]], tokenized: int) -> None:
     """Whatever the template, roles and texts, and however many nodes have tokens already:
