@@ -46,6 +46,9 @@ class LazyGrammar:
     at_open: bool = False  # a reply whose text opens with "{" begins one too (Llama 3's)
     joiner: str = ""  # between the JSON values after one trigger ("," in Mistral's list)
     written: str = ""  # the reply's text before this generation (a continued reply's)
+    # The grammar holds once, to the reply's end (what a reasoning reply must write after its
+    # reasoning: a forced call, JSON output), instead of the reply going free after it.
+    once: bool = False
 
 
 @dataclass(frozen=True)

@@ -535,6 +535,13 @@ _BASE_RULES = (
 _CLOSE_PARAMETER = "\n</parameter>\n"
 
 
+def after_space(grammar: str) -> str:
+    """`grammar` (rooted at `root`) with free whitespace before it: for a grammar that holds
+    from a trigger models follow with a line break or two (the end of their reasoning)."""
+    body = re.sub(r"^root ::=", "arbor-after ::=", grammar, count=1, flags=re.MULTILINE)
+    return f"root ::= [ \\t\\n]{{0,20}} arbor-after\n{body}"
+
+
 def _named_json_grammar(functions: Sequence[Mapping[str, Any]], opening: str) -> str:
     """`[TOOL_CALLS]` (unless lazy: after it), a function's name, an optional call id, and
     its arguments' object."""

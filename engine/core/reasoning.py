@@ -73,8 +73,13 @@ def _split(body: str, closing: str) -> Reasoning:
 def opens_reasoning(prompt: str) -> bool:
     """Whether a generation prompt leaves the reply inside reasoning: it ends (whitespace
     aside) with an opening marker."""
+    return reasoning_closer(prompt) is not None
+
+
+def reasoning_closer(prompt: str) -> str | None:
+    """The marker that ends the reasoning a generation prompt opened; None if it opened none."""
     tail = prompt.rstrip()
-    return any(tail.endswith(opening) for opening, _ in MARKERS)
+    return next((closing for opening, closing in MARKERS if tail.endswith(opening)), None)
 
 
 def is_opened(meta: Mapping[str, object]) -> bool:

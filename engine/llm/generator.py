@@ -19,7 +19,7 @@ from engine.config.params import SamplingParams
 from engine.core.errors import ContextOverflowError
 from engine.core.overflow import Cut, Overflow, fit, read_part, reply_room
 from engine.core.prompt import BuiltinTemplate, ChatTemplate, PromptBuilder, Template, Tokenizer
-from engine.core.reasoning import OPENED, opens_reasoning
+from engine.core.reasoning import OPENED, opens_reasoning, reasoning_closer
 from engine.core.results import CancelFn, PlanFn, ProgressFn, TokenFn
 from engine.core.schedule import DEFAULT_INTERVAL
 from engine.core.templates import TemplateChoice, TemplateOrigin, choose_template
@@ -252,10 +252,11 @@ class Generator:
             opens_reasoning(prompt),
         )
 
-    def opens_reasoning(self, path: Sequence[Node]) -> bool:
-        """Whether a reply to `path` starts inside its reasoning: the template ends the
-        generation prompt with the opening marker (DeepSeek-R1's, Qwen3's thinking mode)."""
-        return opens_reasoning(self.prompts.generation_prompt_text(path))
+    def reasoning_closer(self, path: Sequence[Node]) -> str | None:
+        """Where a reply to `path` starts inside its reasoning (the template ends the
+        generation prompt with the opening marker: DeepSeek-R1's, Qwen3's thinking mode), the
+        marker that ends it; else None."""
+        return reasoning_closer(self.prompts.generation_prompt_text(path))
 
     def after_reply(self) -> None:
         """Spill checkpoints over the budget: after the reply, so it never delays one."""

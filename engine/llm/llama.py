@@ -694,8 +694,8 @@ class Sampler:
     again from the logits the grammar allows. Checking every token of the vocabulary at
     every step costs more than the decode on a small model.
 
-    A lazy grammar (`SamplingParams.json_lazy`: a tool call under "auto") holds only from its
-    trigger on: until then the chain alone draws, as it does without a grammar, and each
+    A lazy grammar (`SamplingParams.json_lazy`: a tool call under "auto"; a forced call or
+    JSON output after a reply's reasoning) holds only from its trigger on: until then the chain alone draws, as it does without a grammar, and each
     token's text is watched for the trigger. The trigger is found here, not by llama.cpp's
     own lazy grammar, whose trigger check runs inside `llama_sampler_accept` and throws a C++
     exception (which ends the process under ctypes) when the text after the trigger in the
@@ -820,7 +820,7 @@ class Sampler:
             return
         if not self._holding:
             self._watch(self._model.token_bytes(token, special=True))
-        elif self._allows(self._eog):  # the call's JSON is complete: free again
+        elif not self._lazy.once and self._allows(self._eog):  # the call is whole: free again
             self._release()
 
     def _watch(self, data: bytes) -> None:
@@ -854,7 +854,7 @@ class Sampler:
         it refuses leaves this call unconstrained (the reply goes on free)."""
         if not text:
             return
-        assert self._model is not None
+        assert self._model is not None and self._lazy is not None
         try:
             tokens: list[int] | None = self._model.tokenize(text.decode("utf-8"))
         except UnicodeDecodeError:
@@ -876,7 +876,7 @@ class Sampler:
                 self._release()
                 return
             lc.llama_sampler_accept(self._grammar, token)
-            if self._allows(self._eog):
+            if not self._lazy.once and self._allows(self._eog):
                 self._release()
                 rest = b"".join(self._model.token_bytes(t, special=True)
                                 for t in tokens[at + 1:])

@@ -17,7 +17,7 @@ from dataclasses import replace
 from typing import TYPE_CHECKING, Any
 
 from engine.config.params import LazyGrammar, SamplingParams
-from engine.core.call_formats import Syntax, ToolFormat, ToolSupport
+from engine.core.call_formats import Syntax, ToolFormat, ToolSupport, after_space
 from engine.core.errors import UnsupportedRequest
 from engine.core.overflow import Overflow, read_part
 from engine.core.results import (
@@ -83,6 +83,19 @@ def call_sampling(sampling: SamplingParams, tools: list[dict[str, Any]], calling
                    json_around=(calling.prefix, calling.suffix))
 
 
+def after_reasoning(sampling: SamplingParams, closer: str) -> SamplingParams:
+    """`sampling` for a reply that starts inside its reasoning: a grammar that would hold from
+    the reply's start (a forced call, JSON output) holds from the end of its reasoning
+    (`closer`) to the reply's end instead, so the model reasons as it would, then writes what
+    the grammar asks (llama-server's chat formats do the same with a forced-open `<think>`). A
+    grammar that is lazy already (a call under "auto") is left as it is."""
+    if sampling.json_lazy is not None or (sampling.json_schema is None
+                                          and sampling.grammar is None):
+        return sampling
+    grammar = after_space(sampling.grammar) if sampling.grammar is not None else None
+    return replace(sampling, grammar=grammar, json_lazy=LazyGrammar(closer, once=True))
+
+
 def _take_calls(text: str, meta: dict[str, Any], tools: list[dict[str, Any]],
                 calling: ToolFormat, sampling: SamplingParams) -> str:
     """The reply's text without its tool calls, which go into `meta` (TOOL_CALLS); the
@@ -143,8 +156,14 @@ def run_reply(
     read = read_part(path, cut)
     prepared = generator.prepare(read, resume=resume, on_progress=on_progress,
                                  on_plan=on_plan, cancel=cancel, scope=scope)
-    if on_opened is not None and generator.opens_reasoning(read):
-        on_opened()
+    constrained = sampling is not None and (sampling.json_schema is not None
+                                            or sampling.grammar is not None)
+    closer = generator.reasoning_closer(read) if on_opened is not None or constrained else None
+    if closer is not None:
+        if on_opened is not None:
+            on_opened()
+        if sampling is not None:
+            sampling = after_reasoning(sampling, closer)
     if sampling is not None and sampling.json_lazy is not None and prepared.base_text:
         # A continued reply: a call it had begun goes on under the grammar.
         sampling = replace(sampling, json_lazy=replace(sampling.json_lazy,

@@ -26,7 +26,7 @@ import pytest
 
 from engine.bench.random_models import ModelKind, write_tiny_model
 from engine.core.memory import MemoryKind
-from engine.core.results import NodeView
+from engine.core.results import FinishReason, NodeView
 from engine.core.tools import TOOL_CALL_ID, TOOLS, calls_of
 from engine.core.tree import NodeStatus, Role, Tree
 from engine.llm.generator import Generator
@@ -56,6 +56,7 @@ class Family:
     begun: str  # what a reply that has begun a call wrote
     renamed: dict[int, tuple[str, gguf.TokenType]] = field(default_factory=dict)
     hidden: str = ""  # a marker the vocabulary holds as a control token
+    reasons: bool = False  # the generation prompt opens the reply's reasoning (`<think>`)
 
 
 FAMILIES = [
@@ -64,7 +65,8 @@ FAMILIES = [
                               128010: ("<|python_tag|>", CONTROL)}, hidden="<|python_tag|>"),
     Family("qwen-xml", "Qwen3.5-4B", "qwen35", MemoryKind.HYBRID,
            "<tool_call>\n<function=get_weather>\n",
-           {151657: ("<tool_call>", USER_DEFINED), 151658: ("</tool_call>", USER_DEFINED)}),
+           {151657: ("<tool_call>", USER_DEFINED), 151658: ("</tool_call>", USER_DEFINED)},
+           reasons=True),
     Family("hermes", "Qwen-Qwen2.5-7B-Instruct", "qwen2", MemoryKind.SLIDING_WINDOW,
            '<tool_call>\n{"name": "get_weather", "arguments": {"city": "',
            {151657: ("<tool_call>", USER_DEFINED), 151658: ("</tool_call>", USER_DEFINED)}),
@@ -107,8 +109,29 @@ def test_a_family_calls_in_its_own_format_and_its_answer_matches_a_full_reproces
     user = tree.add_child(tree.root.id, Role.USER, "Is it raining in Oslo?")
     asked = [NodeView.of(n).to_node() for n in tree.path_to(user.id)]
 
-    forced = run_reply(generator, asked, max_tokens=80, seed=3,
-                       sampling=replace(GREEDY, tool_choice="required"))
+    required = replace(GREEDY, tool_choice="required")
+    assert generator.reasoning_closer(asked) == ("</think>" if family.reasons else None)
+    if family.reasons:
+        # A reply that starts inside its reasoning reasons freely (as under "auto") and
+        # calls once its reasoning ends; after the call it ends.
+        free = run_reply(generator, asked, max_tokens=12, seed=3, sampling=required)
+        auto = run_reply(generator, asked, max_tokens=12, seed=3, sampling=GREEDY)
+        assert free.tokens == auto.tokens
+        assert not calls_of(dict(free.meta))
+        reasoned = tree.add_child(user.id, Role.ASSISTANT, "I'll look it up.\n</think>\n\n",
+                                  status=NodeStatus.INTERRUPTED)
+        forced = run_reply(generator, asked, resume=NodeView.of(reasoned).to_node(),
+                           max_tokens=80, seed=3, sampling=required)
+        assert forced.report.finish is FinishReason.STOP
+        assert forced.text.startswith("I'll look it up.\n</think>")
+        # JSON output likewise: after the reasoning, the answer is the JSON.
+        as_json = run_reply(generator, asked, resume=NodeView.of(reasoned).to_node(),
+                            max_tokens=120, seed=3,
+                            sampling=replace(GREEDY, json_schema=json.dumps(CITY)))
+        assert as_json.report.finish is FinishReason.STOP
+        jsonschema.validate(json.loads(as_json.text.split("</think>", 1)[1]), CITY)
+    else:
+        forced = run_reply(generator, asked, max_tokens=80, seed=3, sampling=required)
     (made,) = calls_of(dict(forced.meta))
     assert made.name == "get_weather"
     jsonschema.validate(json.loads(made.arguments), CITY)
