@@ -4,8 +4,9 @@
 `< n/m >` version switcher, and over each fenced code block a strip with its language and a copy
 button (the blocks: app.chat.code_blocks; coloured once a message is painted finished, never while
 it streams), and above a reply's answer its reasoning as a disclosure that a click folds or
-unfolds (app.chat.reasoning_blocks). Laid-out documents live in a bounded LRU cache keyed by (node
-id, hash of the text and the reasoning's fold, width), shared by `sizeHint` and `paint`; row
+unfolds (app.chat.reasoning_blocks; a tool's result is such a disclosure, its text verbatim:
+app.chat.tool_blocks). Laid-out documents live in a bounded LRU cache keyed by (node id, hash
+of the text and the reasoning's fold, width), shared by `sizeHint` and `paint`; row
 heights have their own (much larger, tiny-entry) cache because `QListView` asks every row for
 its size on each relayout, which would otherwise thrash the document cache on long
 conversations. The documents are finished and cached with the helpers of app.chat.message_documents;
@@ -70,6 +71,7 @@ from app.chat.bubble_painting import (
 from app.chat.chat_model import (
     COMPLETE,
     STREAMING,
+    TOOL,
     USER,
     ChatModel,
     ChatRole,
@@ -208,7 +210,8 @@ class MessageDelegate(EditingDelegate):
             make_room(doc, doc.code_blocks, strip_height(font))
         if split is not None:
             doc.reasoning = reasoning_block(split.reasoning, reasoning_label(row, split),
-                                            reasoning_shown(row, split), font, text_width)
+                                            reasoning_shown(row, split), font, text_width,
+                                            verbatim=row.role == TOOL)
             make_reasoning_room(doc, doc.reasoning)
         colour_links(doc, self._palette().color(QPalette.ColorRole.Link))
         doc.setTextWidth(text_width)
@@ -359,6 +362,7 @@ class MessageDelegate(EditingDelegate):
             variant=int(index.data(ChatRole.VariantRole) or 0),
             variants=int(index.data(ChatRole.VariantsRole) or 1),
             checkpoint=index.data(ChatRole.CheckpointRole),
+            call=str(index.data(ChatRole.CallRole) or ""),
         )
 
     def _row(self, index: ModelIndex) -> MessageRow | None:
@@ -434,7 +438,8 @@ class MessageDelegate(EditingDelegate):
             paint_code_strips(painter, doc, row, font, geometry, colours, self.hovered_button,
                               self.copied_button)
         if doc.reasoning is not None:
-            paint_reasoning(painter, doc.reasoning, font, doc.textWidth(), colours.dim)
+            paint_reasoning(painter, doc.reasoning, font, doc.textWidth(), colours.dim,
+                            colours.text)
         painter.restore()
 
     def helpEvent(
@@ -456,7 +461,8 @@ class MessageDelegate(EditingDelegate):
             elif self.reasoning_header_rect(option.rect, row).contains(pos):
                 split = reasoning_of(row)
                 verb = "Hide" if split is not None and reasoning_shown(row, split) else "Show"
-                tip = f"{verb} the reasoning ({_key_text('toggle_reasoning')})"
+                what = "result" if row.role == TOOL else "reasoning"
+                tip = f"{verb} the {what} ({_key_text('toggle_reasoning')})"
             elif previous.contains(pos):  # enabled or not: the tip says what it is for
                 tip = f"Previous version ({_key_text('previous_variant')})"
             elif following.contains(pos):
