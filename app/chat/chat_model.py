@@ -14,7 +14,8 @@ A reply's reasoning (`<think>...</think>`, split by engine.core.reasoning) is sh
 answer, folded once the answer has started and open while only reasoning has come; the user's
 choice per message (`toggle_reasoning`) lives in the model while its conversation is shown,
 never on disk. A tool's result is folded the same way, under a header naming the call it
-answers, and shown as it came (app.chat.tool_blocks).
+answers; a reply's calls (`calls`) are not part of its text but blocks of their own below it
+(app.chat.tool_blocks).
 """
 
 from __future__ import annotations
@@ -40,11 +41,11 @@ from PySide6.QtCore import (
 from PySide6.QtGui import QKeySequence, QTextDocument
 
 from app.chat.code_blocks import fences
-from app.chat.tool_text import line_count, lines_label, result_text
+from app.chat.tool_text import line_count, lines_label, result_text, spoken_call
 from app.look.actions import spec
 from engine.core.reasoning import Reasoning, ReasoningState, is_opened, split_reasoning
 from engine.core.results import LEFT_OUT
-from engine.core.tools import call_label, shown_text
+from engine.core.tools import TOOL_CALLS, ToolCall, call_label, calls_of, shown_text
 from engine.core.tree import Node, NodeStatus, Role, Tree
 
 log = logging.getLogger(__name__)
@@ -86,6 +87,8 @@ class MessageRow:
     reasoning_opened: bool = False
     # A tool's result: the call it answers, as its fold's header says it ("weather(…)").
     call: str = ""
+    # A reply's tool calls, shown as blocks of their own below its text (not part of it).
+    calls: tuple[ToolCall, ...] = ()
 
 
 def reasoning_of(row: MessageRow) -> Reasoning | None:
@@ -149,7 +152,7 @@ def rows_from_tree(tree: Tree, checkpoints: Mapping[int, str] | None = None) -> 
             MessageRow(
                 node_id=node.id,
                 role=str(node.role.value),
-                text=shown_text(node.text, node.meta),
+                text=node.text,
                 status=str(node.status.value),
                 variant=siblings.index(node.id),
                 variants=len(siblings),
@@ -159,6 +162,7 @@ def rows_from_tree(tree: Tree, checkpoints: Mapping[int, str] | None = None) -> 
                 context_starts=0 < index == first_read,
                 reasoning_opened=is_opened(node.meta),
                 call=call_label(messages[:index], node),
+                calls=calls_of(node.meta) if node.role is Role.ASSISTANT else (),
             )
         )
     return rows
@@ -193,6 +197,7 @@ class ChatRole(IntEnum):
     ContextStartsRole = Qt.ItemDataRole.UserRole + 10  # the first message it read after them
     ReasoningOpenedRole = Qt.ItemDataRole.UserRole + 11  # the reply began inside reasoning
     CallRole = Qt.ItemDataRole.UserRole + 12  # a tool's result: the call it answers
+    CallsRole = Qt.ItemDataRole.UserRole + 13  # a reply's tool calls (ToolCall tuple)
 
 
 _ROLE_FIELDS: dict[int, str] = {
@@ -208,6 +213,7 @@ _ROLE_FIELDS: dict[int, str] = {
     ChatRole.ContextStartsRole: "context_starts",
     ChatRole.ReasoningOpenedRole: "reasoning_opened",
     ChatRole.CallRole: "call",
+    ChatRole.CallsRole: "calls",
 }
 
 _ROLE_NAMES: dict[int, bytes] = {
@@ -223,6 +229,7 @@ _ROLE_NAMES: dict[int, bytes] = {
     ChatRole.ContextStartsRole: b"contextStarts",
     ChatRole.ReasoningOpenedRole: b"reasoningOpened",
     ChatRole.CallRole: b"call",
+    ChatRole.CallsRole: b"calls",
 }
 
 _DISPLAY = int(Qt.ItemDataRole.DisplayRole)
@@ -232,7 +239,7 @@ _TOOLTIP = int(Qt.ItemDataRole.ToolTipRole)  # the message's time, on hover
 
 # What the accessible texts depend on.
 _SPOKEN_FIELDS = ("role", "text", "status", "variant", "variants", "reasoning_shown",
-                  "outside", "reasoning_opened", "call")
+                  "outside", "reasoning_opened", "call", "calls")
 
 _SPEAKERS = {USER: "You", ASSISTANT: "Assistant", TOOL: "Tool result"}
 
@@ -252,7 +259,7 @@ def spoken_text(markdown: str) -> str:
 
 def accessible_text(row: MessageRow) -> str:
     """What a screen reader says for a message: who, which version, its state, its text; a
-    tool's result as it came, once unfolded."""
+    reply's calls after its text; a tool's result as it came, once unfolded."""
     parts = [_SPEAKERS.get(row.role, row.role)]
     if row.variants > 1:
         parts.append(f"version {row.variant + 1} of {row.variants}")
@@ -272,15 +279,31 @@ def accessible_text(row: MessageRow) -> str:
         parts.append(f"result{of}, {size}")
         return f"{', '.join(parts)}: {row.text}"
     if split is None:
-        return f"{', '.join(parts)}: {spoken_text(row.text)}"
+        return f"{', '.join(parts)}: {_with_calls(spoken_text(row.text), row)}"
     words = "1 word" if split.words == 1 else f"{split.words} words"
     unfinished = "" if split.state is ReasoningState.CLOSED else "unfinished "
     if not reasoning_shown(row, split):
         parts.append(f"{unfinished}reasoning collapsed, {words}")
-        return f"{', '.join(parts)}: {spoken_text(split.answer)}"
+        return f"{', '.join(parts)}: {_with_calls(spoken_text(split.answer), row)}"
     parts.append(f"{unfinished}reasoning, {words}")
     said = f"{', '.join(parts)}: {spoken_text(split.reasoning)}"
-    return f"{said} Answer: {spoken_text(split.answer)}" if split.answer else said
+    if split.answer:
+        said += f" Answer: {spoken_text(split.answer)}"
+    return _with_calls(said, row)
+
+
+def _with_calls(said: str, row: MessageRow) -> str:
+    """`said`, then each of the reply's calls: "Calls get_weather with city: Oslo." """
+    calls = [f"Calls {spoken_call(call)}." for call in row.calls]
+    return " ".join(part for part in (said, *calls) if part)
+
+
+def copied_text(row: MessageRow) -> str:
+    """What copying a message puts on the clipboard: its text as stored (a tool's result as
+    it came), and a reply's calls after it as the Markdown export writes them."""
+    if not row.calls:
+        return row.text
+    return shown_text(row.text, {TOOL_CALLS: [call.to_meta() for call in row.calls]})
 
 
 def accessible_description(row: MessageRow) -> str:

@@ -48,6 +48,7 @@ from app.chat.chat_model import (
     ChatModel,
     MessageRow,
     ModelIndex,
+    copied_text,
     reasoning_of,
     reasoning_shown,
     spoken_text,
@@ -55,7 +56,7 @@ from app.chat.chat_model import (
 from app.chat.chat_scrolling import TailFollowingView
 from app.chat.message_delegate import MessageDelegate
 from app.chat.message_editor import MessageEditor
-from app.chat.tool_text import line_count, lines_label, result_text
+from app.chat.tool_text import line_count, lines_label, result_text, spoken_call
 from app.look.accessibility import announce
 from app.look.actions import Scope, make_actions
 
@@ -309,7 +310,7 @@ class ChatView(TailFollowingView):
         row = self.current_row()
         if row is None:
             return
-        QGuiApplication.clipboard().setText(row.text)
+        QGuiApplication.clipboard().setText(copied_text(row))
         self._emit_for_current(self.copy_requested, "copy")
 
     @Slot(int, int)
@@ -393,6 +394,8 @@ class ChatView(TailFollowingView):
         split = reasoning_of(row)
         said = row.text if split is None or reasoning_shown(row, split) else split.answer
         text = " ".join(spoken_text(said).split())
+        if not text and row.calls:  # a reply that only calls tools
+            text = "; ".join(f"calls {spoken_call(call)}" for call in row.calls)
         if len(text) > ANNOUNCED_CHARS:
             text = text[:ANNOUNCED_CHARS - 1].rstrip() + "…"
         what = "Reply interrupted" if row.status == INTERRUPTED else "Reply finished"

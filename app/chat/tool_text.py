@@ -1,10 +1,14 @@
-"""Tool results as the chat shows them: their text, never interpreted.
+"""Tool calls and results as the chat shows them: their text, never interpreted.
 
 A tool's result is data, not prose: the view shows it verbatim, except that a JSON object or
 array is laid out for reading (`result_text`). That layout only moves whitespace between the
 JSON's tokens: every string, number and key stays as written, duplicate keys and all, and
 the stored text never changes. A container whose one-line form is short stays on one line;
-a longer one puts each member on a line of its own, indented two spaces.
+a longer one puts each member on a line of its own, indented two spaces. A call's arguments
+(JSON text, as the model wrote them) are laid out the same way.
+
+Screen readers get a call in words (`spoken_call`): its name, and an object's arguments as
+"key: value" pairs rather than punctuation.
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ import functools
 import json
 import re
 from dataclasses import dataclass
+
+from engine.core.tools import ToolCall
 
 WIDTH = 60  # a container whose one-line form is longer is broken into lines
 MAX_PRETTY_CHARS = 200_000  # a longer result is shown as it came (laying it out costs time)
@@ -126,3 +132,24 @@ def line_count(text: str) -> int:
 
 def lines_label(count: int) -> str:
     return "1 line" if count == 1 else f"{count:,} lines"
+
+
+@functools.lru_cache(maxsize=64)
+def arguments_text(arguments: str) -> str:
+    """A call's arguments as its block shows them: laid out as a result is; none: "{}"."""
+    return result_text(arguments) if arguments.strip() else "{}"
+
+
+def spoken_call(call: ToolCall) -> str:
+    """A call as a screen reader says it: "get_weather with city: Oslo, day: Friday"."""
+    try:
+        arguments = json.loads(call.arguments) if call.arguments.strip() else {}
+    except ValueError:
+        return f"{call.name} with {call.arguments}"
+    if not isinstance(arguments, dict):
+        return f"{call.name} with {call.arguments}"
+    if not arguments:
+        return call.name
+    pairs = [f"{key}: {value if isinstance(value, str) else json.dumps(value)}"
+             for key, value in arguments.items()]
+    return f"{call.name} with {', '.join(pairs)}"

@@ -2,31 +2,35 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 from PySide6.QtCore import Qt
-from PySide6.QtGui import QFontInfo, QTextBlock, QTextDocument
+from PySide6.QtGui import QFontInfo, QGuiApplication, QTextBlock, QTextCharFormat, QTextDocument
 from pytestqt.qtbot import QtBot
 
 from app.chat.chat_model import MessageRow, accessible_description, accessible_text, rows_from_tree
 from app.chat.chat_view import ChatView
 from app.chat.reasoning_blocks import GAP
-from engine.core.tools import TOOL_CALLS, ToolCall
+from engine.core.tools import TOOL_CALL_ID, TOOL_CALLS, ToolCall
 from engine.core.tree import Role, Tree
 from tests.app_fixtures import painted_document
 
 
-def test_a_reply_that_calls_tools_shows_its_calls() -> None:
-    """A reply whose only words were a tool call is not an empty bubble."""
+def test_a_reply_keeps_its_words_and_its_calls_apart() -> None:
+    """A reply's row holds what it said; its calls come beside it, not in its text."""
     tree = Tree("")
     user = tree.add_child(tree.root.id, Role.USER, "Rain in Oslo?")
     call = tree.add_child(user.id, Role.ASSISTANT, "")
-    call.meta[TOOL_CALLS] = [ToolCall("call_1", "get_weather", '{"city": "Oslo"}').to_meta()]
+    made = ToolCall("call_1", "get_weather", '{"city": "Oslo"}')
+    call.meta[TOOL_CALLS] = [made.to_meta()]
     tool = tree.add_child(call.id, Role.TOOL, '{"rain": true}')
+    tool.meta[TOOL_CALL_ID] = made.id
     rows = rows_from_tree(tree)
     assert [r.role for r in rows] == ["user", "assistant", "tool"]
-    assert rows[1].text == '`get_weather({"city": "Oslo"})`' and rows[2].text == tool.text
+    assert rows[1].text == "" and rows[1].calls == (made,)
+    assert rows[2].text == tool.text and rows[2].calls == ()
+    assert rows[2].call == 'get_weather({"city": "Oslo"})'
 
 
 def test_an_unfolded_result_ends_with_its_last_line(chat_view: ChatView) -> None:
@@ -164,9 +168,118 @@ def test_a_result_with_a_fence_has_no_code_block(chat_view: ChatView) -> None:
     assert not chat_view.copy_code_action.isEnabled()
 
 
+# --- a reply's calls: blocks of their own -----------------------------------------------------
+
+WEATHER = ToolCall("call_1", "get_weather", '{"city": "Oslo", "day": "tomorrow"}')
+SEARCH = ToolCall("call_2", "search", '{"query": "bike lanes in Oslo", "filters": '
+                  '{"year": 2024, "kinds": ["news", "maps"]}, "limit": 10}')
+
+
+def reply_row(node_id: int, text: str, *calls: ToolCall) -> MessageRow:
+    return MessageRow(node_id, "assistant", text, "complete", 0, 1, calls=calls)
+
+
+def test_a_calls_block_shows_its_name_and_arguments(chat_view: ChatView) -> None:
+    chat_view.set_rows([reply_row(1, "Let me look *that* up.", SEARCH)])
+    doc = painted_document(chat_view, 1)
+    lines = [b.text() for b in _visible_blocks(doc)]
+    assert lines == ["Let me look that up.",
+                     "Tool call search",
+                     "{",
+                     '  "query": "bike lanes in Oslo",',
+                     '  "filters": {"year": 2024, "kinds": ["news", "maps"]},',
+                     '  "limit": 10',
+                     "}"]
+    prose = doc.begin()
+    assert any(_formats(prose, lambda f: f.fontItalic()))  # the prose is Markdown
+    name = doc.find("search").block()
+    assert _formats(name, lambda f: f.font().bold()) == ["search"]
+    box = doc.find("search").currentFrame()
+    assert box is not doc.rootFrame()  # a block of its own, framed
+    for block in _visible_blocks(doc):
+        if block.text().startswith(("{", " ", "}")):
+            assert all(QFontInfo(f.font()).fixedPitch() for f in _all_formats(block))
+
+
+def test_a_reply_that_only_calls_tools_has_no_empty_prose(chat_view: ChatView) -> None:
+    chat_view.set_rows([reply_row(1, "", WEATHER), reply_row(2, "Checking.", WEATHER),
+                        reply_row(3, "", WEATHER, SEARCH)])
+    only = painted_document(chat_view, 1)
+    assert [b.text() for b in _visible_blocks(only)] == [
+        "Tool call get_weather", '{"city": "Oslo", "day": "tomorrow"}']
+    said = painted_document(chat_view, 2)
+    line = said.documentLayout().blockBoundingRect(said.begin()).height()
+    # Without its line of prose (and the gap below it) the call is all the bubble holds.
+    assert only.size().height() < said.size().height() - line
+    both = painted_document(chat_view, 3)
+    assert [b.text() for b in _visible_blocks(both)][:3] == [
+        "Tool call get_weather", '{"city": "Oslo", "day": "tomorrow"}', "Tool call search"]
+    assert accessible_text(chat_view.model().row_at(0)) == (
+        "Assistant: Calls get_weather with city: Oslo, day: tomorrow.")
+    assert accessible_text(chat_view.model().row_at(1)) == (
+        "Assistant: Checking. Calls get_weather with city: Oslo, day: tomorrow.")
+
+
+def test_copying_a_reply_takes_its_calls_and_a_result_as_stored(
+    chat_view: ChatView, qtbot: QtBot,
+) -> None:
+    chat_view.set_rows([reply_row(1, "Checking.", WEATHER), result_row(2, HOURLY)])
+    clipboard = QGuiApplication.clipboard()
+    chat_view.setFocus()
+    chat_view.select_node(1)
+    chat_view.action("copy").trigger()
+    assert clipboard.text() == 'Checking.\n\n`get_weather({"city": "Oslo", "day": "tomorrow"})`'
+    chat_view.select_node(2)
+    chat_view.action("copy").trigger()
+    assert clipboard.text() == HOURLY
+
+
+def test_a_reply_with_reasoning_and_only_calls(chat_view: ChatView) -> None:
+    """The reasoning's fold above, the call below it, no empty answer between."""
+    chat_view.set_rows([reply_row(1, "<think>\nRain?\n</think>\n\n", WEATHER)])
+    doc = painted_document(chat_view, 1)
+    assert doc.reasoning is not None and not doc.reasoning.shown
+    assert next(b.text() for b in _visible_blocks(doc)) == "Tool call get_weather"
+    first = doc.documentLayout().frameBoundingRect(doc.find("get_weather").currentFrame())
+    assert first.top() == doc.reasoning.height  # right below the fold
+
+
 def _blocks(doc: QTextDocument) -> Iterator[QTextBlock]:
     block = doc.begin()
     while block.isValid():
         yield block
         block = block.next()
 
+
+def _all_formats(block: QTextBlock) -> list[QTextCharFormat]:
+    found = []
+    it = block.begin()
+    while not it.atEnd():
+        found.append(it.fragment().charFormat())
+        it += 1
+    return found
+
+
+def _formats(block: QTextBlock, wanted: Callable[[QTextCharFormat], bool]) -> list[str]:
+    """The texts of `block`'s fragments whose format `wanted` accepts."""
+    found = []
+    it = block.begin()
+    while not it.atEnd():
+        fragment = it.fragment()
+        if wanted(fragment.charFormat()):
+            found.append(fragment.text())
+        it += 1
+    return found
+
+
+def test_a_streamed_reply_shows_its_calls_once_they_come(chat_view: ChatView,
+                                                         qtbot: QtBot) -> None:
+    """A reply streams its words; its calls come with the rows made when it ends."""
+    chat_view.set_rows([MessageRow(1, "assistant", "", "streaming", 0, 1)])
+    chat_view.update_text(1, "Checking.")
+    rect = chat_view.visualRect(chat_view.model().index(0, 0))
+    streamed = rect.height()
+    chat_view.set_rows([reply_row(1, "Checking.", WEATHER)])
+    qtbot.waitUntil(lambda: chat_view.visualRect(chat_view.model().index(0, 0)).height()
+                    > streamed + 20, timeout=3000)
+    assert "Tool call get_weather" in painted_document(chat_view, 1).toPlainText()

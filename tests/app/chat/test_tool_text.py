@@ -1,5 +1,5 @@
-"""What the chat shows of a tool's result: JSON laid out for reading (only whitespace moves),
-anything else as it came."""
+"""What the chat shows of a tool's result and a call's arguments: JSON laid out for reading
+(only whitespace moves), anything else as it came."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import json
 
 import pytest
 
-from app.chat.tool_text import WIDTH, pretty_json, result_text
+from app.chat.tool_text import WIDTH, arguments_text, pretty_json, result_text, spoken_call
+from engine.core.tools import ToolCall
 
 
 def test_a_short_object_stays_on_one_line() -> None:
@@ -59,3 +60,15 @@ def test_anything_else_is_shown_as_it_came(text: str) -> None:
     assert pretty_json(text) is None
     assert result_text(text) == text
 
+
+def test_a_calls_arguments() -> None:
+    assert arguments_text("") == "{}"
+    assert arguments_text('{"city":"Oslo"}') == '{"city": "Oslo"}'
+    assert arguments_text("not json") == "not json"
+
+
+def test_a_call_in_words() -> None:
+    call = ToolCall("c", "get_weather", '{"city": "Oslo", "days": 3, "hourly": true}')
+    assert spoken_call(call) == "get_weather with city: Oslo, days: 3, hourly: true"
+    assert spoken_call(ToolCall("c", "now", "{}")) == "now"
+    assert spoken_call(ToolCall("c", "f", "oops")) == "f with oops"
