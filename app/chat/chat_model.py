@@ -11,10 +11,11 @@ For screen readers, each row's accessible text says who wrote it, which version 
 (the version switcher, the copy buttons of its code blocks, the reasoning's disclosure).
 
 A reply's reasoning (`<think>...</think>`, split by engine.core.reasoning) is shown above its
-answer,
-folded once the answer has started and open while only reasoning has come; the user's choice
-per message (`toggle_reasoning`) lives in the model while its conversation is shown, never on
-disk.
+answer, folded once the answer has started and open while only reasoning has come; the user's
+choice per message (`toggle_reasoning`) lives in the model while its conversation is shown,
+never on disk. A tool's result is folded the same way, under a header naming the call it
+answers; a reply's calls (`calls`) are not part of its text but blocks of their own below it
+(app.chat.tool_blocks).
 """
 
 from __future__ import annotations
@@ -40,10 +41,11 @@ from PySide6.QtCore import (
 from PySide6.QtGui import QKeySequence, QTextDocument
 
 from app.chat.code_blocks import fences
+from app.chat.tool_text import line_count, lines_label, result_text, spoken_call
 from app.look.actions import spec
 from engine.core.reasoning import Reasoning, ReasoningState, is_opened, split_reasoning
 from engine.core.results import LEFT_OUT
-from engine.core.tools import call_label, shown_text
+from engine.core.tools import TOOL_CALLS, ToolCall, call_label, calls_of, shown_text
 from engine.core.tree import Node, NodeStatus, Role, Tree
 
 log = logging.getLogger(__name__)
@@ -85,6 +87,8 @@ class MessageRow:
     reasoning_opened: bool = False
     # A tool's result: the call it answers, as its fold's header says it ("weather(…)").
     call: str = ""
+    # A reply's tool calls, shown as blocks of their own below its text (not part of it).
+    calls: tuple[ToolCall, ...] = ()
 
 
 def reasoning_of(row: MessageRow) -> Reasoning | None:
@@ -110,11 +114,9 @@ def reasoning_shown(row: MessageRow, split: Reasoning) -> bool:
 
 def reasoning_label(row: MessageRow, split: Reasoning) -> str:
     """The disclosure's header line: "Reasoning · 312 words", and whether it is unfinished;
-    a tool's result: "weather({"city": "Oslo"}) · 3 lines"."""
+    a tool's result: "weather({"city": "Oslo"}) · 3 lines" (the lines it shows)."""
     if row.role == TOOL:
-        lines = row.text.count("\n") + 1 if row.text else 0
-        size = "1 line" if lines == 1 else f"{lines:,} lines"
-        return f"{row.call or 'Result'} · {size}"
+        return f"{row.call or 'Result'} · {lines_label(line_count(result_text(row.text)))}"
     words = "1 word" if split.words == 1 else f"{split.words:,} words"
     if split.state is ReasoningState.CLOSED:
         return f"Reasoning · {words}"
@@ -150,7 +152,7 @@ def rows_from_tree(tree: Tree, checkpoints: Mapping[int, str] | None = None) -> 
             MessageRow(
                 node_id=node.id,
                 role=str(node.role.value),
-                text=shown_text(node.text, node.meta),
+                text=node.text,
                 status=str(node.status.value),
                 variant=siblings.index(node.id),
                 variants=len(siblings),
@@ -160,6 +162,7 @@ def rows_from_tree(tree: Tree, checkpoints: Mapping[int, str] | None = None) -> 
                 context_starts=0 < index == first_read,
                 reasoning_opened=is_opened(node.meta),
                 call=call_label(messages[:index], node),
+                calls=calls_of(node.meta) if node.role is Role.ASSISTANT else (),
             )
         )
     return rows
@@ -193,6 +196,8 @@ class ChatRole(IntEnum):
     OutsideRole = Qt.ItemDataRole.UserRole + 9  # left out of the last reply's context
     ContextStartsRole = Qt.ItemDataRole.UserRole + 10  # the first message it read after them
     ReasoningOpenedRole = Qt.ItemDataRole.UserRole + 11  # the reply began inside reasoning
+    CallRole = Qt.ItemDataRole.UserRole + 12  # a tool's result: the call it answers
+    CallsRole = Qt.ItemDataRole.UserRole + 13  # a reply's tool calls (ToolCall tuple)
 
 
 _ROLE_FIELDS: dict[int, str] = {
@@ -207,6 +212,8 @@ _ROLE_FIELDS: dict[int, str] = {
     ChatRole.OutsideRole: "outside",
     ChatRole.ContextStartsRole: "context_starts",
     ChatRole.ReasoningOpenedRole: "reasoning_opened",
+    ChatRole.CallRole: "call",
+    ChatRole.CallsRole: "calls",
 }
 
 _ROLE_NAMES: dict[int, bytes] = {
@@ -221,6 +228,8 @@ _ROLE_NAMES: dict[int, bytes] = {
     ChatRole.OutsideRole: b"outside",
     ChatRole.ContextStartsRole: b"contextStarts",
     ChatRole.ReasoningOpenedRole: b"reasoningOpened",
+    ChatRole.CallRole: b"call",
+    ChatRole.CallsRole: b"calls",
 }
 
 _DISPLAY = int(Qt.ItemDataRole.DisplayRole)
@@ -230,9 +239,9 @@ _TOOLTIP = int(Qt.ItemDataRole.ToolTipRole)  # the message's time, on hover
 
 # What the accessible texts depend on.
 _SPOKEN_FIELDS = ("role", "text", "status", "variant", "variants", "reasoning_shown",
-                  "outside", "reasoning_opened")
+                  "outside", "reasoning_opened", "call", "calls")
 
-_SPEAKERS = {USER: "You", ASSISTANT: "Assistant"}
+_SPEAKERS = {USER: "You", ASSISTANT: "Assistant", TOOL: "Tool result"}
 
 
 def _keys(action: str) -> str:
@@ -249,7 +258,8 @@ def spoken_text(markdown: str) -> str:
 
 
 def accessible_text(row: MessageRow) -> str:
-    """What a screen reader says for a message: who, which version, its state, its text."""
+    """What a screen reader says for a message: who, which version, its state, its text; a
+    reply's calls after its text; a tool's result as it came, once unfolded."""
     parts = [_SPEAKERS.get(row.role, row.role)]
     if row.variants > 1:
         parts.append(f"version {row.variant + 1} of {row.variants}")
@@ -260,22 +270,45 @@ def accessible_text(row: MessageRow) -> str:
     if row.outside:
         parts.append("outside the context, the model no longer reads it")
     split = reasoning_of(row)
+    if row.role == TOOL and split is not None:
+        size = lines_label(line_count(result_text(row.text)))
+        of = f" of {row.call}" if row.call else ""
+        if not reasoning_shown(row, split):
+            parts.append(f"result{of} collapsed, {size}")
+            return ", ".join(parts)
+        parts.append(f"result{of}, {size}")
+        return f"{', '.join(parts)}: {row.text}"
     if split is None:
-        return f"{', '.join(parts)}: {spoken_text(row.text)}"
+        return f"{', '.join(parts)}: {_with_calls(spoken_text(row.text), row)}"
     words = "1 word" if split.words == 1 else f"{split.words} words"
     unfinished = "" if split.state is ReasoningState.CLOSED else "unfinished "
-    fold = f"of {spoken_text(row.call)}" if row.role == TOOL else "reasoning"
     if not reasoning_shown(row, split):
-        parts.append(f"{unfinished}{fold} collapsed, {words}")
-        return f"{', '.join(parts)}: {spoken_text(split.answer)}"
-    parts.append(f"{unfinished}{fold}, {words}")
+        parts.append(f"{unfinished}reasoning collapsed, {words}")
+        return f"{', '.join(parts)}: {_with_calls(spoken_text(split.answer), row)}"
+    parts.append(f"{unfinished}reasoning, {words}")
     said = f"{', '.join(parts)}: {spoken_text(split.reasoning)}"
-    return f"{said} Answer: {spoken_text(split.answer)}" if split.answer else said
+    if split.answer:
+        said += f" Answer: {spoken_text(split.answer)}"
+    return _with_calls(said, row)
+
+
+def _with_calls(said: str, row: MessageRow) -> str:
+    """`said`, then each of the reply's calls: "Calls get_weather with city: Oslo." """
+    calls = [f"Calls {spoken_call(call)}." for call in row.calls]
+    return " ".join(part for part in (said, *calls) if part)
+
+
+def copied_text(row: MessageRow) -> str:
+    """What copying a message puts on the clipboard: its text as stored (a tool's result as
+    it came), and a reply's calls after it as the Markdown export writes them."""
+    if not row.calls:
+        return row.text
+    return shown_text(row.text, {TOOL_CALLS: [call.to_meta() for call in row.calls]})
 
 
 def accessible_description(row: MessageRow) -> str:
     """The message's painted controls and their keys: the version switcher, the code
-    blocks' copy buttons, the reasoning's disclosure."""
+    blocks' copy buttons, the reasoning's (or a result's) disclosure."""
     parts: list[str] = []
     split = reasoning_of(row)
     if split is not None:
@@ -288,6 +321,8 @@ def accessible_description(row: MessageRow) -> str:
             f"Version {row.variant + 1} of {row.variants}: {_keys('previous_variant')} "
             f"shows the previous version, {_keys('next_variant')} the next"
         )
+    if row.role == TOOL:  # shown as it came: a fence in it is not a code block
+        return ". ".join(parts) + ("." if parts else "")
     blocks = fences(row.text) if "```" in row.text or "~~~" in row.text else []
     if blocks:
         languages = ", ".join(sorted({b.language for b in blocks if b.language}))

@@ -43,10 +43,12 @@ from app.chat.chat_model import (
     ASSISTANT,
     INTERRUPTED,
     STREAMING,
+    TOOL,
     USER,
     ChatModel,
     MessageRow,
     ModelIndex,
+    copied_text,
     reasoning_of,
     reasoning_shown,
     spoken_text,
@@ -54,6 +56,7 @@ from app.chat.chat_model import (
 from app.chat.chat_scrolling import TailFollowingView
 from app.chat.message_delegate import MessageDelegate
 from app.chat.message_editor import MessageEditor
+from app.chat.tool_text import line_count, lines_label, result_text, spoken_call
 from app.look.accessibility import announce
 from app.look.actions import Scope, make_actions
 
@@ -61,6 +64,8 @@ log = logging.getLogger(__name__)
 
 COPIED_SHOWN_MS = 1500  # how long a copy button says "Copied"
 ANNOUNCED_CHARS = 600  # how much of a finished reply is announced
+# The reasoning's fold action, named for a tool's result while one is current.
+RESULT_TOGGLE = ("Show/hide res&ult", "Fold or unfold this tool's result")
 
 
 class ChatView(TailFollowingView):
@@ -70,8 +75,8 @@ class ChatView(TailFollowingView):
     id of the current message and the owner applies it and feeds new rows back. Keys (scoped
     to the view): Ctrl+E or F2 edit, Ctrl+R regenerate (assistant replies), Ctrl+Backspace
     rewind, Ctrl+Shift+F fork, Ctrl+Shift+C copy, Ctrl+Alt+C copy code (again: the next
-    block), Ctrl+Shift+K show or hide a reply's reasoning, Delete delete, Alt+Left /
-    Alt+Right previous / next version. Use it from the GUI thread only.
+    block), Ctrl+Shift+K show or hide a reply's reasoning or a tool's result, Delete delete,
+    Alt+Left / Alt+Right previous / next version. Use it from the GUI thread only.
 
     Editing is in place (the edit action, or a double click on a user message): an editor
     opens over the bubble and stays open, focus or not, until Enter or Esc, or until its
@@ -133,6 +138,11 @@ class ChatView(TailFollowingView):
             "next_variant": self._on_next_variant, "toggle_reasoning": self._on_toggle_reasoning,
         })
         self.addActions(list(self._actions.values()))
+        toggle = self._actions["toggle_reasoning"]
+        # Its words (text, tooltip, status tip) for a reply's reasoning, and for a result.
+        self._reasoning_toggle = (toggle.text(), toggle.toolTip(), toggle.statusTip())
+        text, tip = RESULT_TOGGLE
+        self._result_toggle = (text, f"{tip} ({toggle.shortcut().toString()})", tip)
 
         self.selectionModel().currentChanged.connect(self._on_current_changed)
         self._chat_model.modelReset.connect(self.update_actions)
@@ -248,13 +258,20 @@ class ChatView(TailFollowingView):
         for name in ("edit", "rewind", "fork", "copy", "delete"):
             self._actions[name].setEnabled(row is not None)
         self.copy_code_action.setEnabled(
-            row is not None and row.status != STREAMING and ("```" in row.text or "~~~" in row.text)
+            row is not None and row.status != STREAMING and row.role != TOOL
+            and ("```" in row.text or "~~~" in row.text)
         )
         self.regenerate_action.setEnabled(row is not None and row.role == ASSISTANT)
         self.previous_variant_action.setEnabled(row is not None and row.variant > 0)
         self.next_variant_action.setEnabled(row is not None and row.variant + 1 < row.variants)
-        self._actions["toggle_reasoning"].setEnabled(row is not None
-                                                     and reasoning_of(row) is not None)
+        toggle = self._actions["toggle_reasoning"]
+        toggle.setEnabled(row is not None and reasoning_of(row) is not None)
+        text, tip, status = (self._result_toggle if row is not None and row.role == TOOL
+                             else self._reasoning_toggle)
+        if toggle.text() != text:
+            toggle.setText(text)
+            toggle.setToolTip(tip)
+            toggle.setStatusTip(status)
 
     @Slot(QModelIndex, QModelIndex)
     def _on_current_changed(self, _current: QModelIndex, _previous: QModelIndex) -> None:
@@ -293,7 +310,7 @@ class ChatView(TailFollowingView):
         row = self.current_row()
         if row is None:
             return
-        QGuiApplication.clipboard().setText(row.text)
+        QGuiApplication.clipboard().setText(copied_text(row))
         self._emit_for_current(self.copy_requested, "copy")
 
     @Slot(int, int)
@@ -346,6 +363,10 @@ class ChatView(TailFollowingView):
         self._delegate.sizeHintChanged.emit(index)  # the row's height changes
         row = self._chat_model.row_at(number)
         split = reasoning_of(row)
+        if row.role == TOOL:
+            size = f", {lines_label(line_count(result_text(row.text)))}"
+            announce(self, f"Result {'shown' if shown else 'collapsed'}{size}")
+            return shown
         words = f", {split.words} words" if split is not None else ""
         announce(self, f"Reasoning {'shown' if shown else 'collapsed'}{words}")
         return shown
@@ -373,6 +394,8 @@ class ChatView(TailFollowingView):
         split = reasoning_of(row)
         said = row.text if split is None or reasoning_shown(row, split) else split.answer
         text = " ".join(spoken_text(said).split())
+        if not text and row.calls:  # a reply that only calls tools
+            text = "; ".join(f"calls {spoken_call(call)}" for call in row.calls)
         if len(text) > ANNOUNCED_CHARS:
             text = text[:ANNOUNCED_CHARS - 1].rstrip() + "…"
         what = "Reply interrupted" if row.status == INTERRUPTED else "Reply finished"

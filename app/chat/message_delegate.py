@@ -3,9 +3,11 @@
 `MessageDelegate` paints each row as a bubble with Markdown text: a role header with the
 `< n/m >` version switcher, and over each fenced code block a strip with its language and a copy
 button (the blocks: app.chat.code_blocks; coloured once a message is painted finished, never while
-it streams), and above a reply's answer its reasoning as a disclosure that a click folds or
-unfolds (app.chat.reasoning_blocks). Laid-out documents live in a bounded LRU cache keyed by (node
-id, hash of the text and the reasoning's fold, width), shared by `sizeHint` and `paint`; row
+it streams), above a reply's answer its reasoning as a disclosure that a click folds or unfolds
+(app.chat.reasoning_blocks), and below a reply's text its tool calls, each a box of its own (a
+tool's result is such a disclosure, its text verbatim: app.chat.tool_blocks). Laid-out documents
+live in a bounded LRU cache keyed by (node id, hash of the text, the calls and the reasoning's
+fold, width), shared by `sizeHint` and `paint`; row
 heights have their own (much larger, tiny-entry) cache because `QListView` asks every row for
 its size on each relayout, which would otherwise thrash the document cache on long
 conversations. The documents are finished and cached with the helpers of app.chat.message_documents;
@@ -70,6 +72,7 @@ from app.chat.bubble_painting import (
 from app.chat.chat_model import (
     COMPLETE,
     STREAMING,
+    TOOL,
     USER,
     ChatModel,
     ChatRole,
@@ -93,6 +96,7 @@ from app.chat.message_documents import shade_code as _shade_code  # tests patch 
 from app.chat.reasoning_blocks import make_room as make_reasoning_room
 from app.chat.reasoning_blocks import paint as paint_reasoning
 from app.chat.reasoning_blocks import reasoning_block
+from app.chat.tool_blocks import add_calls
 from app.chat.version_switcher import arrow_at, counter_text
 from app.look.actions import spec
 from app.look.theme import code_style
@@ -101,12 +105,12 @@ log = logging.getLogger(__name__)
 
 
 def _text_key(row: MessageRow) -> int:
-    """What a row's document depends on besides its node and width: its text, whether it
-    began inside its reasoning, and the user's fold of its reasoning (None, the automatic
-    one, follows from the text)."""
-    if row.reasoning_shown is None and not row.reasoning_opened:
+    """What a row's document depends on besides its node and width: its text, its calls,
+    whether it began inside its reasoning, and the user's fold of its reasoning (None, the
+    automatic one, follows from the text)."""
+    if row.reasoning_shown is None and not row.reasoning_opened and not row.calls:
         return hash(row.text)
-    return hash((row.text, row.reasoning_opened, row.reasoning_shown))
+    return hash((row.text, row.reasoning_opened, row.reasoning_shown, row.calls))
 
 
 def _height_key(row: MessageRow, item_width: int) -> tuple[int, int, int]:
@@ -206,11 +210,14 @@ class MessageDelegate(EditingDelegate):
         doc.code_blocks = find_code_blocks(doc, source)
         if doc.code_blocks:
             make_room(doc, doc.code_blocks, strip_height(font))
+        palette = self._palette()
+        add_calls(doc, row.calls, font, bubble_colours(palette, row.role).dim)
         if split is not None:
             doc.reasoning = reasoning_block(split.reasoning, reasoning_label(row, split),
-                                            reasoning_shown(row, split), font, text_width)
+                                            reasoning_shown(row, split), font, text_width,
+                                            verbatim=row.role == TOOL)
             make_reasoning_room(doc, doc.reasoning)
-        colour_links(doc, self._palette().color(QPalette.ColorRole.Link))
+        colour_links(doc, palette.color(QPalette.ColorRole.Link))
         doc.setTextWidth(text_width)
         remember(self._docs, self._latest_doc, key, doc, self.cache_limit)
         return doc
@@ -359,6 +366,8 @@ class MessageDelegate(EditingDelegate):
             variant=int(index.data(ChatRole.VariantRole) or 0),
             variants=int(index.data(ChatRole.VariantsRole) or 1),
             checkpoint=index.data(ChatRole.CheckpointRole),
+            call=str(index.data(ChatRole.CallRole) or ""),
+            calls=tuple(index.data(ChatRole.CallsRole) or ()),
         )
 
     def _row(self, index: ModelIndex) -> MessageRow | None:
@@ -434,7 +443,8 @@ class MessageDelegate(EditingDelegate):
             paint_code_strips(painter, doc, row, font, geometry, colours, self.hovered_button,
                               self.copied_button)
         if doc.reasoning is not None:
-            paint_reasoning(painter, doc.reasoning, font, doc.textWidth(), colours.dim)
+            paint_reasoning(painter, doc.reasoning, font, doc.textWidth(), colours.dim,
+                            colours.text)
         painter.restore()
 
     def helpEvent(
@@ -456,7 +466,8 @@ class MessageDelegate(EditingDelegate):
             elif self.reasoning_header_rect(option.rect, row).contains(pos):
                 split = reasoning_of(row)
                 verb = "Hide" if split is not None and reasoning_shown(row, split) else "Show"
-                tip = f"{verb} the reasoning ({_key_text('toggle_reasoning')})"
+                what = "result" if row.role == TOOL else "reasoning"
+                tip = f"{verb} the {what} ({_key_text('toggle_reasoning')})"
             elif previous.contains(pos):  # enabled or not: the tip says what it is for
                 tip = f"Previous version ({_key_text('previous_variant')})"
             elif following.contains(pos):
