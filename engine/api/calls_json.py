@@ -1,5 +1,5 @@
 """Calls written as JSON, read as they come: `{"name": ..., "arguments": {...}}` objects
-(Hermes, Mistral's list, Llama 3).
+(Hermes, Mistral's list, Llama 3) and Mistral's newer `name[ARGS]{...}`.
 
 A call's arguments are given out (`take`) as the text the finished reply's call will have
 (`ToolCall.new`: `json.dumps` of the parsed object, `ensure_ascii` off), and only as far as it
@@ -239,3 +239,90 @@ def _loads_str(text: str) -> str | None:
         return None
     return value if isinstance(value, str) else None
 
+
+def json_chars(text: str) -> str:
+    """`text` as json.dumps writes it inside a string's quotes (`ensure_ascii` off): a piece
+    of a string at a time gives the same as the whole, character by character."""
+    return json.dumps(text, ensure_ascii=False)[1:-1]
+
+
+class _Named(Enum):
+    NAME = "name"
+    TAG = "tag"  # `[ARGS]` or `[CALL_ID]` in progress
+    CALL_ID = "call-id"  # the model's own id (the call gets one of the API's)
+    ARGS = "args"  # `[ARGS]` read: the object follows at once
+    VALUE = "value"
+    DONE = "done"
+
+
+_NAME_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_.-")
+_ARGS_TAG = "[ARGS]"
+_CALL_ID_TAG = "[CALL_ID]"
+
+
+class NamedJsonCall:
+    """One call as Mistral's newer templates write it after `[TOOL_CALLS]`: `name[ARGS]{...}`
+    or `name[CALL_ID]id[ARGS]{...}` (engine.core.call_formats reads them so: the object right
+    after `[ARGS]`). Its name is whole at the `[` after it."""
+
+    def __init__(self) -> None:
+        self.name: str | None = None
+        self.broken = False
+        self._at = _Named.NAME
+        self._word = ""  # the name, or a tag, so far
+        self._id_read = False
+        self._value: _Value | None = None
+        self._out: list[str] = []
+
+    @property
+    def done(self) -> bool:
+        return self._at is _Named.DONE
+
+    def take(self) -> str:
+        out = "".join(self._out)
+        self._out.clear()
+        return out
+
+    def feed(self, text: str) -> int:
+        at = 0
+        while at < len(text) and not self.done:
+            if self._value is not None:
+                at += self._value.feed(text[at:])
+                self._out.append(self._value.take())
+                if self._value.done:
+                    self._at = _Named.DONE
+                continue
+            self._read(text[at])
+            at += 1
+        return at
+
+    def _read(self, ch: str) -> None:
+        match self._at:
+            case _Named.NAME if ch in _NAME_CHARS:
+                self._word += ch
+            case _Named.NAME | _Named.CALL_ID if ch == "[" and self._word:
+                if self._at is _Named.NAME:
+                    self.name = self._word
+                self._at, self._word = _Named.TAG, ch
+            case _Named.TAG:
+                self._word += ch
+                if self._word == _ARGS_TAG:
+                    self._at = _Named.ARGS
+                elif self._word == _CALL_ID_TAG and not self._id_read:
+                    self._at, self._id_read = _Named.CALL_ID, True
+                elif not _ARGS_TAG.startswith(self._word) and (
+                        self._id_read or not _CALL_ID_TAG.startswith(self._word)):
+                    self._broken()
+            case _Named.CALL_ID if ch.isascii() and ch.isalnum():
+                pass
+            case _Named.ARGS if ch == "{":
+                self._value = _Value()
+                self._value.feed(ch)
+                self._out.append(self._value.take())
+                self._at = _Named.VALUE
+            case _:
+                self._broken()
+
+    def _broken(self) -> None:
+        self.broken = True
+        self._at = _Named.DONE
