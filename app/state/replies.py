@@ -290,7 +290,7 @@ class Replies(QObject):
             case LoadFailed():
                 self.model_failed.emit(event.message)
             case TemplateChanged():
-                self._on_template_changed(event.description)
+                self._on_template_changed(event)
             case ExportDone():
                 if event.path in self._exports:
                     self._exports.remove(event.path)
@@ -457,11 +457,12 @@ class Replies(QObject):
         if current is not None and self.marks.get(current) != shown:
             self.controller.changed.emit()  # only the marks changed; nothing to redraw otherwise
 
-    def _on_template_changed(self, description: str) -> None:
+    def _on_template_changed(self, changed: TemplateChanged) -> None:
         if self.model is not None:
-            self.model = replace(self.model, template=description)
+            self.model = replace(self.model, template=changed.description,
+                                 tool_format=changed.tool_format)
             self.model_changed.emit()
-        self.template_changed.emit(description)
+        self.template_changed.emit(changed.description)
         self._warmed_path = None  # the next prompt's opening may render differently now
         self.schedule_warm()
 

@@ -1,33 +1,37 @@
 """Tool calls streamed as the model writes them, as OpenAI's `tool_calls` deltas.
 
 Once a reply's text begins a call (engine.api.stops.CallHoldback), its text is read here
-character by character: a call's first delta comes as soon as its name is whole (its id,
-`type` and name, arguments ""), then its arguments as they come. The arguments go out as the
-text the finished reply's call will have (`ToolCall.new`: `json.dumps` of the parsed object,
-`ensure_ascii` off), and only as far as it is certain: a number once it has ended, a string's
-characters as they come (an escape once whole, a surrogate pair with both halves). So the
-deltas of a call that the reply makes add up to its arguments, and nothing streamed is ever
-taken back. A grammar makes the calls of forced and "auto" choices valid (engine.llm.reply);
-a call cut short (max_tokens, a stop sequence) keeps what was streamed of it, and the reply
-ends without it (docs/api.md).
+character by character, by a reader of the format's syntax: JSON objects and Mistral's
+`name[ARGS]{...}` (engine.api.calls_json), Qwen's XML (engine.api.calls_xml), LFM2's
+Python-like calls (engine.api.calls_python). A call's first delta comes as soon as its name
+is whole (its id, `type` and name, arguments ""), then its arguments as they come. The
+arguments go out as the text the finished reply's call will have (`ToolCall.new`:
+`json.dumps` of the parsed object, `ensure_ascii` off), and only as far as it is certain: a
+string's characters as they come (an escape once whole), any other value once it has ended.
+So the deltas of a call that the reply makes add up to its arguments, and nothing streamed is
+ever taken back. A grammar makes the calls of forced and "auto" choices valid
+(engine.llm.reply); a call cut short (max_tokens, a stop sequence) keeps what was streamed of
+it, and the reply ends without it (docs/api.md).
 
 Why not a partial-JSON parser (`partial-json-parser`): it parses the whole text again at
 every piece and completes what is unfinished (a number, a string, the brackets) into a value,
 without saying which parts are final, so text serialized from it may have to be taken back
-("1" becomes "1e5" = 100000.0). This scan is one pass, bounded by the call's length.
+("1" becomes "1e5" = 100000.0). These scans are one pass, bounded by the call's length.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from enum import Enum
-from typing import Any
+from typing import Any, Protocol
 
+from engine.api.calls_json import JsonCall, NamedJsonCall
+from engine.api.calls_python import PythonCall
+from engine.api.calls_xml import XmlCall, schema_typer
 from engine.api.stops import CallHoldback
-from engine.core.call_formats import FORMATS, ToolFormat
+from engine.core.call_formats import FORMATS, Syntax, ToolFormat
 from engine.core.tools import ToolCall, call_id
 
 log = logging.getLogger(__name__)
@@ -51,126 +55,6 @@ class CallDelta:
         return {"index": self.index, "function": {"arguments": self.arguments}}
 
 
-_STRICT_OFF = json.JSONDecoder(strict=False)  # a raw control character: kept, then escaped
-_SCALAR = frozenset("-+.0123456789eEtruefalsn")
-
-
-def _canonical_part(raw: str) -> str:
-    """A string's raw JSON content (escapes as written) as json.dumps writes it."""
-    try:
-        decoded = _STRICT_OFF.decode(f'"{raw}"')
-    except ValueError:
-        return raw  # not JSON: as it came
-    return json.dumps(decoded, ensure_ascii=False)[1:-1]
-
-
-def _canonical_scalar(raw: str) -> str:
-    try:
-        return json.dumps(json.loads(raw), ensure_ascii=False)
-    except ValueError:
-        return raw
-
-
-class _Value:
-    """One JSON value as it is written, and its text as json.dumps writes it, given out as
-    far as it is certain (`take`). `feed` stops where the value ends."""
-
-    def __init__(self) -> None:
-        self.done = False
-        self._out: list[str] = []
-        self._depth = 0
-        self._scalar: list[str] = []
-        self._raw: list[str] | None = None  # a string's content in progress, escapes as written
-        self._escape = ""  # an escape in progress
-        self._given = 0  # of _raw: given out
-        self._safe = 0  # of _raw: may be given out (no escape or surrogate pair cut)
-
-    def take(self) -> str:
-        """The canonical text that is certain now and was not taken before."""
-        self._flush()
-        out = "".join(self._out)
-        self._out.clear()
-        return out
-
-    def feed(self, text: str) -> int:
-        """Read `text` up to the value's end; how many characters were its."""
-        for at, ch in enumerate(text):
-            if self.done:
-                return at
-            if self._raw is not None:
-                self._string_char(ch)
-                continue
-            if self._scalar:
-                if ch in _SCALAR:
-                    self._scalar.append(ch)
-                    continue
-                self._out.append(_canonical_scalar("".join(self._scalar)))
-                self._scalar.clear()
-                if self._depth == 0:
-                    self.done = True
-                    return at
-            if ch in " \t\r\n":
-                continue
-            if ch in "{[":
-                self._out.append(ch)
-                self._depth += 1
-            elif ch in "}]":
-                self._out.append(ch)
-                self._depth -= 1
-                self.done = self._depth <= 0
-            elif ch == ",":
-                self._out.append(", ")
-            elif ch == ":":
-                self._out.append(": ")
-            elif ch == '"':
-                self._out.append('"')
-                self._raw, self._given, self._safe = [], 0, 0
-            else:
-                self._scalar.append(ch)
-        return len(text)
-
-    def _flush(self) -> None:
-        if self._raw is not None and self._safe > self._given:
-            self._out.append(_canonical_part("".join(self._raw[self._given:self._safe])))
-            self._given = self._safe
-
-    def _string_char(self, ch: str) -> None:
-        raw = self._raw
-        assert raw is not None
-        if self._escape:
-            self._escape += ch
-            if (len(self._escape) == 2 and ch != "u") or len(self._escape) == 6:
-                raw.append(self._escape)
-                high = len(self._escape) == 6 and self._escape[2:4].lower() in (
-                    "d8", "d9", "da", "db")
-                self._escape = ""
-                if not high:  # a pair's first half waits for the second
-                    self._safe = len(raw)
-        elif ch == "\\":
-            self._escape = ch
-        elif ch == '"':
-            self._safe = len(raw)
-            self._flush()
-            self._raw = None
-            self._out.append('"')
-            self.done = self._depth == 0
-        else:
-            raw.append(ch)
-            self._safe = len(raw)
-
-
-class _Stage(Enum):
-    START = "start"
-    KEY = "key"
-    COLON = "colon"
-    VALUE = "value"
-    NEXT = "next"
-    DONE = "done"
-
-
-_ARGUMENTS = ("arguments", "parameters")  # Llama 3 writes "parameters" (engine.core.tools)
-
-
 @dataclass
 class _Streamed:
     index: int
@@ -183,111 +67,53 @@ class _Streamed:
         return "".join(self.sent)
 
 
-@dataclass
-class _CallObject:
-    """One call's JSON object, {"name": ..., "arguments": {...}}, as it is written."""
+class CallReader(Protocol):
+    """One call's text, read as it comes (engine.api.calls_json, calls_xml, calls_python)."""
 
-    stage: _Stage = _Stage.START
-    name: str | None = None
-    arguments: list[str] = field(default_factory=list)  # canonical text not yet given out
-    broken: bool = False  # not a call's JSON: nothing more of it is streamed
-    _key: str = ""
-    _role: str = ""  # what the value being read is: "key", "name", "arguments", "quoted", ""
-    _value: _Value | None = None
-    _quoted: list[str] = field(default_factory=list)
-    _streamed_arguments: bool = False
-    streamed: _Streamed | None = None  # its record, once its first delta went out
+    name: str | None  # once whole
+    broken: bool  # not a call as the format writes one: nothing more of it is streamed
 
     @property
-    def done(self) -> bool:
-        return self.stage is _Stage.DONE
+    def done(self) -> bool: ...
 
     def feed(self, text: str) -> int:
-        at = 0
-        while at < len(text) and not self.done:
-            if self._value is not None:
-                at += self._value.feed(text[at:])
-                self._route(self._value.take())
-                if self._value.done:
-                    self._ended()
-                continue
-            ch = text[at]
-            if ch in " \t\r\n":
-                at += 1
-                continue
-            match self.stage, ch:
-                case _Stage.START, "{":
-                    self.stage = _Stage.KEY
-                case _Stage.KEY, '"':
-                    self._begin("key")
-                    continue  # the value reads its own quote
-                case _Stage.KEY | _Stage.NEXT, "}":
-                    self.stage = _Stage.DONE
-                case _Stage.COLON, ":":
-                    self.stage = _Stage.VALUE
-                case _Stage.VALUE, _:
-                    role = ""
-                    if self._key == "name":
-                        role = "name"
-                    elif self._key in _ARGUMENTS and not self._streamed_arguments:
-                        role = "quoted" if ch == '"' else "arguments"
-                    self._begin(role)
-                    continue
-                case _Stage.NEXT, ",":
-                    self.stage = _Stage.KEY
-                case _:
-                    self.broken = True
-                    self.stage = _Stage.DONE
-            at += 1
-        return at
+        """Read `text` up to the call's end; how many characters were the call's."""
 
-    def _begin(self, role: str) -> None:
-        self._role = role
-        self._value = _Value()
-
-    def _route(self, text: str) -> None:
-        if self._role == "arguments":
-            self.arguments.append(text)
-        elif self._role in ("key", "name", "quoted"):
-            self._quoted.append(text)
-
-    def _ended(self) -> None:
-        quoted = "".join(self._quoted)
-        self._quoted.clear()
-        self._value = None
-        role, self._role = self._role, ""
-        if role == "key":
-            self._key = _loads_str(quoted) or ""
-            self.stage = _Stage.COLON
-            return
-        if role == "name":
-            self.name = _loads_str(quoted)
-        elif role == "arguments":
-            self._streamed_arguments = True
-        elif role == "quoted":  # arguments as a JSON string of an object: whole, once read
-            inner = _loads_str(quoted)
-            try:
-                value = json.loads(inner) if inner is not None else None
-            except ValueError:
-                value = None
-            if isinstance(value, dict):
-                self.arguments.append(json.dumps(value, ensure_ascii=False))
-            self._streamed_arguments = True
-        self.stage = _Stage.NEXT
+    def take(self) -> str:
+        """The arguments' JSON text that is certain now and was not taken before."""
 
 
-def _loads_str(text: str) -> str | None:
-    try:
-        value = _STRICT_OFF.decode(text)
-    except ValueError:
-        return None
-    return value if isinstance(value, str) else None
+_BLANKS = " \t\r\n"
+
+
+def _opening(calling: ToolFormat) -> str:
+    """What the format writes between its marker and its first call (Mistral's and LFM2's
+    lists open with `[`)."""
+    return calling.prefix.removeprefix(calling.marker).strip()
+
+
+def _begins(calling: ToolFormat, ch: str) -> bool:
+    """Whether `ch` may begin one of the format's calls."""
+    match calling.syntax:
+        case Syntax.JSON:
+            return ch == "{"
+        case Syntax.XML:
+            return ch == "<"
+        case Syntax.NAMED_JSON:
+            return ch.isascii() and (ch.isalnum() or ch in "_.-")
+    return ch.isidentifier()
+
+
+def _opens(calling: ToolFormat, ch: str) -> bool:
+    """Whether `ch`, the first thing after the marker, is how the format goes on."""
+    opening = _opening(calling)
+    return ch == opening[0] if opening else _begins(calling, ch)
 
 
 class _Scan(Enum):
     SEEK = "seek"  # for the next marker
-    OPEN = "open"  # after a marker (or a joiner): what comes before a call's object
-    CALL = "call"  # in a call's object
+    OPEN = "open"  # after a marker (or a joiner): what comes before a call
+    CALL = "call"  # in a call
     AFTER = "after"  # after one: a joiner, or the end of the format's calls
     DONE = "done"
 
@@ -295,19 +121,28 @@ class _Scan(Enum):
 class CallStream:
     """With tools offered: the reply's text up to its first call as content (CallHoldback),
     then its calls as `CallDelta`s while the model writes them (with `parallel` off, only
-    the first). `finish` squares them with the calls the finished reply made."""
+    the first). `finish` squares them with the calls the finished reply made.
+
+    `formats`: the model's own (the engine says which: ModelLoaded.tool_format); where
+    several have the marker the reply wrote (Hermes and Qwen's XML `<tool_call>`, Mistral's
+    two), what follows it decides (`{`, `<function=`, `[`, a name). `tools`: those offered,
+    whose schemas type XML values as the finished call does (engine.api.calls_xml)."""
 
     def __init__(self, formats: Sequence[ToolFormat] = FORMATS, *,
-                 parallel: bool = True) -> None:
+                 tools: Sequence[Mapping[str, Any]] = (), parallel: bool = True) -> None:
         self.formats = tuple(formats)
         self.parallel = parallel
-        self.held = CallHoldback([f.marker for f in self.formats])
+        self.held = CallHoldback([f.marker for f in self.formats],
+                                 at_open=any(f.at_open for f in self.formats))
         self.streamed: list[_Streamed] = []
-        self._format: ToolFormat | None = None
+        self._typed = schema_typer(tools)
+        self._candidates: tuple[ToolFormat, ...] = ()  # the formats the marker may begin
+        self._format: ToolFormat | None = None  # the one the reply writes, once known
         self._scan = _Scan.SEEK
         self._seek = ""  # the text after the last call, as much as a marker needs
-        self._opening = ""  # what must still come before the next call's object
-        self._call: _CallObject | None = None
+        self._opening = ""  # what must still come before the next call
+        self._call: CallReader | None = None
+        self._record: _Streamed | None = None  # the call being read, once its delta went out
 
     @property
     def shown(self) -> str:
@@ -322,32 +157,50 @@ class CallStream:
         if not self.held.calling:
             return content, []
         marker = self.held.marker
-        self._format = next((f for f in self.formats if f.marker == marker),
-                            None) if marker is not None else \
-            next((f for f in self.formats if f.at_open), None)
-        if self._format is None:
+        self._candidates = tuple(f for f in self.formats
+                                 if (f.marker == marker if marker is not None else f.at_open))
+        if not self._candidates:
             self._scan = _Scan.DONE
             return content, []
+        if len(self._candidates) == 1:
+            self._format = self._candidates[0]
         self._begin_call()
         return content, self._read(self.held.text[self.held.begun:])
 
     def _begin_call(self) -> None:
-        assert self._format is not None
         self._scan = _Scan.OPEN
-        self._opening = self._format.prefix.removeprefix(self._format.marker).strip()
+        self._opening = _opening(self._format) if self._format is not None else ""
+
+    def _choose(self, ch: str) -> ToolFormat:
+        """The format, from the first thing after its marker."""
+        if self._format is None:
+            self._format = next((f for f in self._candidates if _opens(f, ch)),
+                                self._candidates[0])
+            self._opening = _opening(self._format)
+        return self._format
+
+    def _reader(self, calling: ToolFormat) -> CallReader:
+        match calling.syntax:
+            case Syntax.JSON:
+                return JsonCall()
+            case Syntax.NAMED_JSON:
+                return NamedJsonCall()
+            case Syntax.XML:
+                return XmlCall(self._typed)
+        return PythonCall()
 
     def _read(self, text: str) -> list[CallDelta]:
         out: list[CallDelta] = []
         at = 0
-        fmt = self._format
-        while at < len(text) and fmt is not None and self._scan is not _Scan.DONE:
+        while at < len(text) and self._scan is not _Scan.DONE:
             if self._scan is _Scan.SEEK:
+                marker = self._candidates[0].marker
                 buffer = self._seek + text[at:]
-                found = buffer.find(fmt.marker) if fmt.marker else -1
+                found = buffer.find(marker) if marker else -1
                 if found < 0:
-                    self._seek = buffer[max(0, len(buffer) - len(fmt.marker) + 1):]
+                    self._seek = buffer[max(0, len(buffer) - len(marker) + 1):]
                     break
-                at += found + len(fmt.marker) - len(self._seek)
+                at += found + len(marker) - len(self._seek)
                 self._seek = ""
                 self._begin_call()
                 continue
@@ -357,46 +210,48 @@ class CallStream:
                 out += self._deltas(self._call)
                 if self._call.done:
                     self._scan = _Scan.AFTER
-                    self._call = None
+                    self._call = self._record = None
                     if not self.parallel and self.streamed:
                         self._scan = _Scan.DONE
                 continue
             ch = text[at]
-            if ch in " \t\r\n":
+            if ch in _BLANKS:
                 at += 1
-            elif self._scan is _Scan.OPEN and self._opening and ch == self._opening[0]:
+                continue
+            calling = self._choose(ch)
+            if self._scan is _Scan.OPEN and self._opening and ch == self._opening[0]:
                 self._opening = self._opening[1:]
                 at += 1
-            elif self._scan is _Scan.OPEN and ch == "{":
-                self._opening = ""
-                self._call = _CallObject()
+            elif self._scan is _Scan.OPEN and _begins(calling, ch) and (
+                    not self._opening or calling.syntax is Syntax.JSON):
+                self._opening = ""  # (a lone object after Mistral's marker is read as a call)
+                self._call = self._reader(calling)
                 self._scan = _Scan.CALL
-            elif self._scan is _Scan.AFTER and fmt.joiner and ch == fmt.joiner:
+            elif self._scan is _Scan.AFTER and calling.joiner and ch == calling.joiner.strip():
                 self._scan = _Scan.OPEN
                 at += 1
-            elif self._scan is _Scan.AFTER and fmt.at_open and self.held.marker is None:
+            elif self._scan is _Scan.AFTER and calling.at_open and self.held.marker is None:
                 self._scan = _Scan.DONE  # a reply that is one JSON call has no other
             else:  # the format's calls end here (a closing tag), or this was not one
                 self._scan = _Scan.SEEK
         return out
 
-    def _deltas(self, call: _CallObject) -> list[CallDelta]:
+    def _deltas(self, call: CallReader) -> list[CallDelta]:
         """What `call` adds to the stream now: its first delta once its name is whole, then
         its arguments as far as they are certain."""
         if call.broken or call.name is None:
             return []
         out: list[CallDelta] = []
-        if call.streamed is None:
+        if self._record is None:
             if not self.parallel and self.streamed:
                 return []  # only the first call counts
-            call.streamed = _Streamed(len(self.streamed), call_id(), call.name)
-            self.streamed.append(call.streamed)
-            out.append(CallDelta(call.streamed.index, id=call.streamed.id, name=call.name))
-        more = "".join(call.arguments)
-        call.arguments.clear()
+            self._record = _Streamed(len(self.streamed), call_id(), call.name)
+            self.streamed.append(self._record)
+            out.append(CallDelta(self._record.index, id=self._record.id, name=call.name))
+        more = call.take()
         if more:
-            call.streamed.sent.append(more)
-            out.append(CallDelta(call.streamed.index, more))
+            self._record.sent.append(more)
+            out.append(CallDelta(self._record.index, more))
         return out
 
     def finish(self, calls: Sequence[ToolCall]) -> tuple[list[CallDelta], tuple[ToolCall, ...]]:

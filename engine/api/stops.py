@@ -51,13 +51,14 @@ class StopScanner:
 
 class CallHoldback:
     """With tools offered, the text of a tool call is not content: what may begin one is
-    held back (any known family's marker, or a reply that opens with a JSON object, as Llama
+    held back (the markers, and with `at_open` a reply that opens with a JSON object, as Llama
     3's calls are written), and once one begins nothing more is passed on as text: the calls
     go out as `tool_calls` deltas (engine.api.calls), and what the reply said besides comes
     when it ends (engine.core.tools parses the calls where the template is known)."""
 
-    def __init__(self, markers: Sequence[str]) -> None:
+    def __init__(self, markers: Sequence[str], *, at_open: bool = True) -> None:
         self.markers = tuple(markers)
+        self.at_open = at_open
         self._hold = max((len(m) for m in self.markers), default=1) - 1
         self.text = ""
         self.shown = ""  # what was passed on as content
@@ -70,7 +71,7 @@ class CallHoldback:
             return ""
         self.text += piece
         body = self.text.lstrip()
-        if body.startswith("{"):
+        if self.at_open and body.startswith("{"):
             self.calling = True
             self.begun = len(self.text) - len(body)
             return ""
@@ -80,7 +81,7 @@ class CallHoldback:
             self.calling = True
             self.begun = at + len(self.marker)
             return self._release(at)
-        if not body:
+        if not body and self.at_open:
             return ""  # a reply may still open with a JSON call
         return self._release(held_from(self.text, self.markers, self._hold))
 

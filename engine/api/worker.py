@@ -13,6 +13,7 @@ cancelled: its reply stops within one token, or it never starts.
 
 from __future__ import annotations
 
+import json
 import logging
 import queue
 import threading
@@ -24,7 +25,7 @@ from engine.api.calls import CallDelta, CallStream
 from engine.api.schema import ApiError, ChatRequest, Usage
 from engine.api.stops import StopScanner
 from engine.config.params import SamplingParams
-from engine.core.call_formats import FORMATS
+from engine.core.call_formats import FORMATS, ToolFormat
 from engine.core.errors import ArborError, Cancelled, EngineCrashed
 from engine.core.results import (
     FailureKind,
@@ -279,8 +280,8 @@ class ApiWorker:
             raise _not_saved(exc) from None
         stops = StopScanner(request.stop)
         sampling = request.sampling(engine.sampling())
-        held = CallStream(FORMATS, parallel=sampling.parallel_tool_calls) \
-            if request.tools else None
+        held = CallStream(_formats(loaded), tools=json.loads(request.tools),
+                          parallel=sampling.parallel_tool_calls) if request.tools else None
         streamed: list[str] = []
 
         def show(text: str) -> None:
@@ -369,6 +370,12 @@ class ApiWorker:
             report = None
         self.stats = replace(self.stats, warming=False, warm_decoded=self.stats.warm_decoded
                              + (report.decoded_tokens if report is not None else 0))
+
+
+def _formats(loaded: ModelLoaded) -> tuple[ToolFormat, ...]:
+    """The call format the model's chat template writes (all that Arbor knows where the
+    engine did not say: the markers and what follows them tell)."""
+    return tuple(f for f in FORMATS if f.name == loaded.tool_format) or FORMATS
 
 
 def _within(logprobs: tuple[TokenLogprob, ...], chars: int) -> tuple[TokenLogprob, ...]:

@@ -297,7 +297,7 @@ def _parse_xml(text: str, accept: Accept) -> tuple[str, list[Call]]:
         for parameter in _XML_PARAMETER.finditer(inner):
             if inner[pos:parameter.start()].strip():
                 return None  # text between parameters: not a call as the format writes one
-            arguments[parameter.group(1).strip()] = _xml_value(parameter.group(2))
+            arguments[parameter.group(1).strip()] = xml_value(parameter.group(2))
             pos = parameter.end()
         if inner[pos:].strip():
             return None
@@ -306,7 +306,7 @@ def _parse_xml(text: str, accept: Accept) -> tuple[str, list[Call]]:
     return _parse_tagged(text, _XML_CALL, read)
 
 
-def _xml_value(raw: str) -> Any:
+def xml_value(raw: str) -> Any:
     """A parameter's value: JSON where it reads as JSON (a number, an object, a list), else
     the raw text; Python's spellings of True, False and None too (the templates write
     non-strings with Jinja's `string` filter)."""
@@ -322,7 +322,7 @@ def _typed(name: str, arguments: dict[str, Any], accept: Accept) -> Call | None:
     that the schema wants as a string is given back as its text ("42" for a zip code)."""
     if accept(name, arguments):
         return name, arguments
-    as_text = {k: v if isinstance(v, str) else _xml_text(v) for k, v in arguments.items()}
+    as_text = {k: v if isinstance(v, str) else xml_text(v) for k, v in arguments.items()}
     for key in arguments:
         trial = {**arguments, key: as_text[key]}
         if accept(name, trial):
@@ -330,7 +330,8 @@ def _typed(name: str, arguments: dict[str, Any], accept: Accept) -> Call | None:
     return (name, as_text) if accept(name, as_text) else None
 
 
-def _xml_text(value: Any) -> str:
+def xml_text(value: Any) -> str:
+    """A value other than a string as the templates write it (Jinja's `string` filter)."""
     if isinstance(value, bool) or value is None:
         return {True: "True", False: "False", None: "None"}[value]
     return json.dumps(value, ensure_ascii=False) if isinstance(value, dict | list) \
@@ -374,22 +375,23 @@ def _py_calls(body: str) -> list[Call] | None:
         arguments: dict[str, Any] = {}
         for keyword in item.keywords:
             try:
-                arguments[str(keyword.arg)] = _py_value(keyword.value)
+                arguments[str(keyword.arg)] = py_value(keyword.value)
             except ValueError:
                 return None
         calls.append((item.func.id, arguments))
     return calls
 
 
-def _py_value(node: ast.expr) -> Any:
+def py_value(node: ast.expr) -> Any:
+    """A keyword's value: Python's literals, and JSON's true, false and null (never run)."""
     if isinstance(node, ast.Name) and node.id in _PY_NAMES:
         return _PY_NAMES[node.id]
     if isinstance(node, ast.List):
-        return [_py_value(e) for e in node.elts]
+        return [py_value(e) for e in node.elts]
     if isinstance(node, ast.Dict):
         if any(k is None for k in node.keys):
             raise ValueError("a ** in a dict")
-        return {_py_value(k): _py_value(v)  # type: ignore[arg-type]
+        return {py_value(k): py_value(v)  # type: ignore[arg-type]
                 for k, v in zip(node.keys, node.values, strict=True)}
     return ast.literal_eval(node)
 
@@ -399,7 +401,7 @@ def _py_value(node: ast.expr) -> Any:
 
 def _xml_call(name: str, arguments: Mapping[str, Any]) -> str:
     parameters = "".join(
-        f"<parameter={key}>\n{value if isinstance(value, str) else _xml_text(value)}"
+        f"<parameter={key}>\n{value if isinstance(value, str) else xml_text(value)}"
         f"\n</parameter>\n" for key, value in arguments.items())
     return f"<function={name}>\n{parameters}</function>"
 
@@ -440,7 +442,7 @@ def _literal(text: str) -> str:
 def _spelled(value: Any, style: _Style) -> str:
     """A schema's enum value as the style writes it."""
     if style is _Style.XML:
-        return value if isinstance(value, str) else _xml_text(value)
+        return value if isinstance(value, str) else xml_text(value)
     if style is _Style.PYTHON:
         return _py_literal(value)
     return json.dumps(value, ensure_ascii=False)

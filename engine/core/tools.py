@@ -143,6 +143,28 @@ def valid_call(tools: Sequence[Mapping[str, Any]], name: str, arguments: dict[st
     return False
 
 
+def valid_parameter(tools: Sequence[Mapping[str, Any]], name: str, key: str, value: Any
+                    ) -> bool:
+    """Whether the tool `name` of `tools` takes `value` as its parameter `key`, the others
+    aside (its schema without `required`): a call's arguments checked one at a time, as
+    they are read."""
+    import jsonschema
+
+    for tool in tools:
+        function = tool["function"]
+        if function["name"] != name:
+            continue
+        schema = function.get("parameters")
+        if not isinstance(schema, Mapping) or not schema:
+            return True
+        try:
+            jsonschema.validate({key: value}, {**schema, "required": []})
+        except (jsonschema.ValidationError, jsonschema.SchemaError):
+            return False
+        return True
+    return False
+
+
 def call_schema(tools: Sequence[Mapping[str, Any]], choice: str, key: str = "arguments"
                 ) -> dict[str, Any]:
     """The JSON schema of one call the reply must make: of `choice` (a tool's name), or of

@@ -695,8 +695,9 @@ class Sampler:
     every step costs more than the decode on a small model.
 
     A lazy grammar (`SamplingParams.json_lazy`: a tool call under "auto"; a forced call or
-    JSON output after a reply's reasoning) holds only from its trigger on: until then the chain alone draws, as it does without a grammar, and each
-    token's text is watched for the trigger. The trigger is found here, not by llama.cpp's
+    JSON output after a reply's reasoning) holds only from its trigger on: until then the
+    chain alone draws, as it does without a grammar, and each token's text is watched for
+    the trigger. The trigger is found here, not by llama.cpp's
     own lazy grammar, whose trigger check runs inside `llama_sampler_accept` and throws a C++
     exception (which ends the process under ctypes) when the text after the trigger in the
     same token is not what the grammar allows; here every token is checked before the grammar

@@ -21,6 +21,7 @@ from pathlib import Path
 from engine.config.endpoints import parse_endpoint
 from engine.config.params import CheckpointOptions
 from engine.config.settings import Effect, Settings, effect_of
+from engine.core.call_formats import ToolSupport
 from engine.core.errors import ArborError, Cancelled, ContextOverflowError, UnsupportedRequest
 from engine.core.results import (
     FailureKind,
@@ -181,6 +182,7 @@ class EngineService:
             template_name=generator.template.name,
             details=tuple(runtime.report().items()),
             gpu=runtime.gpu_memory(),  # measured with the previous model freed
+            tool_format=_tool_format(generator),
         ))
         self._emit_usage()
 
@@ -199,7 +201,8 @@ class EngineService:
             chosen = settings.template_for(self._path)
             if chosen != previous.template_for(self._path):
                 generator.use_template(chosen)
-                self._emit(TemplateChanged(generator.template.describe()))
+                self._emit(TemplateChanged(generator.template.describe(),
+                                           _tool_format(generator)))
         if generator.checkpoints is not None:
             generator.checkpoints.configure(ram_budget=settings.ram_budget(),
                                             disk_dir=self._disk_dir(settings))
@@ -384,6 +387,14 @@ class EngineService:
                                for key, tier in store.nodes_with_checkpoints().items())),
             stats=tuple(asdict(stats).items()),
         ))
+
+
+def _tool_format(generator: Generator) -> str:
+    """The name of how the generator's chat template writes tool calls ("" none known)."""
+    try:
+        return generator.prompts.tool_format().name
+    except ToolSupport:
+        return ""
 
 
 def _options_of(settings: Settings, model: str) -> EngineOptions:

@@ -257,6 +257,7 @@ class ModelLoaded:
     template_name: str = ""  # its name
     details: tuple[tuple[str, object], ...] = ()  # Runtime.report(): the replay report's model
     gpu: GpuMemory | None = None  # the GPUs' memory with this model loaded; None: no GPU
+    tool_format: str = ""  # how its chat template writes tool calls (a ToolFormat's name; "")
 
 
 @dataclass(frozen=True)
@@ -268,6 +269,7 @@ class LoadFailed:
 @dataclass(frozen=True)
 class TemplateChanged:
     description: str  # the chat template for new messages, in words
+    tool_format: str = ""  # how it writes tool calls (as ModelLoaded.tool_format)
 
 
 @dataclass(frozen=True)

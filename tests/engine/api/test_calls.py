@@ -18,9 +18,9 @@ from engine.api.server import Server, ServerOptions
 from engine.api.trees import LocalTrees
 from engine.api.worker import ApiWorker
 from engine.config.params import SamplingParams
-from engine.core.call_formats import FORMATS, HERMES
+from engine.core.call_formats import FORMATS, HERMES, ToolFormat
 from engine.core.results import FinishReason, Outcome, ReplyReport, ReplyResult, Source
-from engine.core.tools import TOOL_CALLS, ToolCall, valid_call
+from engine.core.tools import TOOL_CALLS, ToolCall, tools_of, valid_call
 from engine.core.tree import Node
 from engine.llm.reply import CancelFn, PieceFn
 from engine.service.protocol import ModelLoaded
@@ -163,14 +163,17 @@ def test_text_that_only_looks_like_a_call_streams_nothing() -> None:
 
 
 class ScriptedEngine:
-    """An `EngineSide` whose every reply is `pieces` (Hermes calls parsed out as the engine
-    parses them): the stream's deltas come from the worker and server under test."""
+    """An `EngineSide` whose every reply is `pieces` (its calls, in the `calling` format,
+    parsed out as the engine parses them): the stream's deltas come from the worker and
+    server under test."""
 
-    def __init__(self, pieces: list[str]) -> None:
+    def __init__(self, pieces: list[str], calling: ToolFormat = HERMES) -> None:
         self.pieces = pieces
+        self.calling = calling
 
     def loaded(self) -> ModelLoaded:
-        return ModelLoaded("scripted", "scripted.gguf", "llama", "dense", "CPU", 1024, ())
+        return ModelLoaded("scripted", "scripted.gguf", "llama", "dense", "CPU", 1024, (),
+                           tool_format=self.calling.name)
 
     def wait_turn(self, cancel: CancelFn) -> None:
         pass
@@ -187,7 +190,9 @@ class ScriptedEngine:
         for piece in self.pieces:
             on_piece(piece)
         text = "".join(self.pieces)
-        said, calls = HERMES.parse(text, lambda _name, _arguments: True)
+        tools = tools_of(path[0].meta) or []
+        said, calls = self.calling.parse(text, lambda name, arguments: valid_call(
+            tools, name, arguments))
         meta = {TOOL_CALLS: [ToolCall.new(name, arguments).to_meta()
                              for name, arguments in calls]}
         report = ReplyReport(prompt_tokens=10, reused_tokens=0, decoded_tokens=10,
