@@ -180,9 +180,13 @@ def plan_saves(
     return sorted(saves)
 
 
-# Inside a long message: a message of at least LONG_MESSAGE_STEPS grid steps gets checkpoints
-# on the grid, at most INNER_MOST of them (a longer message gets them every few grid steps).
-LONG_MESSAGE_STEPS = 4
+# Inside a long message: a message of at least LONG_MESSAGE tokens (and two grid steps) gets
+# checkpoints on the grid, at most INNER_MOST of them (a longer message gets them every few
+# grid steps). A chat turn of a few hundred tokens gets none: on a hybrid model at 8k tokens
+# of context each capture is the whole state (33 MB, 22-100 ms), and a 300-token turn took
+# four, paid before every new turn's first token to spare an edit inside it at most 300
+# tokens of decode.
+LONG_MESSAGE = 512
 INNER_MOST = 16
 
 
@@ -202,8 +206,8 @@ def plan_inner(
     state, and without one inside the message they restart at its start. With these an edit
     decodes at most a step plus the rest of the message. The step is the grid, or a
     multiple of it so that one message gets at most `most` (the caller sizes `most` by the
-    memory it may use); a message shorter than LONG_MESSAGE_STEPS grid steps gets none, so a
-    normal message costs no capture more. Like `plan_saves`, the answer depends on the
+    memory it may use); a message shorter than LONG_MESSAGE tokens (or two grid steps) gets
+    none, so a normal message costs no capture more. Like `plan_saves`, the answer depends on the
     schedule (and `most`) alone; the store keeps these in the room the other checkpoints
     leave and evicts them first (`CheckpointStore.add`).
     """
@@ -214,7 +218,7 @@ def plan_inner(
     out: list[int] = []
     for start, stop in itertools.pairwise(bounds):
         span = stop - start
-        if span < LONG_MESSAGE_STEPS * grid:
+        if span < max(LONG_MESSAGE, 2 * grid):
             continue
         step = grid * max(1, -(-span // (grid * most)))
         first = (start // step + 1) * step

@@ -9,7 +9,7 @@ the conversation. With --profile, the top functions by own time at the longest l
 
     flock /tmp/arbor-model.lock .venv/bin/python -m tests.bench.bench_overhead \
         [--model smollm2|gemma|mamba|hybrid|PATH.gguf] [--lengths 1000 4000 16000] \
-        [--threads 1] [--profile]
+        [--threads 1] [--profile] [--calls]
 """
 
 from __future__ import annotations
@@ -76,11 +76,13 @@ class Clock:
         self.spent: dict[str, float] = defaultdict(float)
         self.first_token_at: float | None = None
         self.native_at_first = 0.0
+        self.calls: list[tuple[str, int, float]] = []  # kind, tokens decoded, ms
 
     def reset(self) -> None:
         self.spent = defaultdict(float)
         self.first_token_at = None
         self.native_at_first = 0.0
+        self.calls = []
 
     @contextmanager
     def installed(self) -> Iterator[None]:
@@ -105,6 +107,8 @@ class Clock:
             finally:
                 ended = time.perf_counter()
                 clock.spent[kind] += (ended - started) * 1000.0
+                tokens = len(args[1]) if kind == "decode" and len(args) > 1 else 0
+                clock.calls.append((kind, tokens, (ended - started) * 1000.0))
                 if kind == "sample" and clock.first_token_at is None:
                     clock.first_token_at = ended
                     clock.native_at_first = sum(clock.spent.values())
@@ -147,6 +151,12 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--probes", type=int, default=3)
     parser.add_argument("--profile", action="store_true")
+    parser.add_argument("--probe-words", type=int, default=PROBE_WORDS,
+                        help="the measured messages' length in words (240: a new turn of "
+                             "the API session)")
+    parser.add_argument("--calls", action="store_true",
+                        help="list the last probe's first native calls (decodes with their "
+                             "token counts, state saves and loads) at each length")
     parser.add_argument("--flash-attn", choices=[f.value for f in FlashAttention],
                         default=FlashAttention.OFF.value)
     args = parser.parse_args()
@@ -177,8 +187,13 @@ def main() -> int:
                     clock.reset()
                     started = time.perf_counter()
                     with every_thread(profiling) as profilers:
-                        step = session.send(f"And then, {turn}? {paragraph(PROBE_WORDS, turn)}",
-                                            GenerationOptions(max_tokens=PROBE_REPLY))
+                        text = f"And then, {turn}? {paragraph(args.probe_words, turn)}"
+                        step = session.send(text, GenerationOptions(max_tokens=PROBE_REPLY))
+                    if args.calls and probe == args.probes - 1:
+                        before = [c for c in clock.calls if c[0] != "sample"][:24]
+                        print("    native calls: " + ", ".join(
+                            f"{kind} {n} {ms:.0f} ms" if n else f"{kind} {ms:.0f} ms"
+                            for kind, n, ms in before), flush=True)
                     if profilers:
                         out = io.StringIO()
                         pstats.Stats(*profilers, stream=out).sort_stats("tottime") \

@@ -30,6 +30,7 @@ from engine.llm.runtime import Runtime, Source
 from engine.service.session import GenerationOptions, Session
 from engine.storage.checkpoints import (
     INNER_MOST,
+    LONG_MESSAGE,
     Checkpoint,
     CheckpointStore,
     Identity,
@@ -127,13 +128,16 @@ def test_a_recurrent_state_is_saved_more_often_inside_long_messages() -> None:
 def test_inner_checkpoints_sit_on_the_grid_inside_long_messages(kind: MemoryKind) -> None:
     """Where an edit inside a long message restarts: every grid point inside it, for the
     kinds that cannot cut back; a dense cache is cut back there for free."""
-    node_ends = [20, 100, 700, 720]  # system, a short user message, a long one, its reply
-    schedule = decode_schedule(725, n_batch=512, grid=64, marks=node_ends)
+    # system, a short user message, a long one, its reply, a 300-token turn, its reply
+    node_ends = [20, 100, 700, 720, 1020, 1040]
+    schedule = decode_schedule(1045, n_batch=512, grid=64, marks=node_ends)
     inner = plan_inner(kind, schedule, node_ends, 64)
     if kind is MemoryKind.DENSE:
         assert inner == []
     else:
-        # None in the 80-token message (shorter than 4 grid steps), nor in the reply.
+        # None in the 80-token message, in the 300-token turn (shorter than LONG_MESSAGE),
+        # nor in the replies.
+        assert LONG_MESSAGE == 512
         assert inner == [128, 192, 256, 320, 384, 448, 512, 576, 640]
         assert set(inner) <= set(schedule.ends)
 
