@@ -18,6 +18,7 @@ import json
 import unicodedata
 from enum import Enum
 
+from engine.api.call_reader import CallReader
 from engine.api.calls_json import json_chars
 from engine.core.call_formats import py_value
 
@@ -189,35 +190,22 @@ class _At(Enum):
     DONE = "done"
 
 
-class PythonCall:
+class PythonCall(CallReader):
     """One call, from its name to its `)`."""
 
     def __init__(self) -> None:
-        self.name: str | None = None
-        self.broken = False
+        super().__init__()
         self._at = _At.NAME
         self._word = ""  # the name or a keyword, so far
         self._keys = 0
         self._value: _PyString | _PyLiteral = _PyLiteral()
-        self._out: list[str] = []
 
     @property
     def done(self) -> bool:
         return self._at is _At.DONE
 
-    def take(self) -> str:
-        if self._at is _At.VALUE:
-            self._out.append(self._value.take())
-        out = "".join(self._out)
-        self._out.clear()
-        return out
-
-    def feed(self, text: str) -> int:
-        for at, ch in enumerate(text):
-            if self.done:
-                return at
-            self._read(ch)
-        return len(text)
+    def _pending(self) -> str:
+        return self._value.take() if self._at is _At.VALUE else ""
 
     def _read(self, ch: str) -> None:
         match self._at:

@@ -21,6 +21,7 @@ from collections.abc import Callable, Mapping, Sequence
 from enum import Enum
 from typing import Any
 
+from engine.api.call_reader import CallReader
 from engine.api.calls_json import json_chars
 from engine.core.call_formats import xml_text, xml_value
 from engine.core.tools import valid_parameter
@@ -134,38 +135,25 @@ _OPEN_PARAMETER = "<parameter="
 _CLOSE_FUNCTION = "</function>"
 
 
-class XmlCall:
+class XmlCall(CallReader):
     """One call, from its `<function=` to its `</function>`; `typed`: how the finished call
     types a value read as JSON (`schema_typer`)."""
 
     def __init__(self, typed: Typer) -> None:
-        self.name: str | None = None
-        self.broken = False
+        super().__init__()
         self._typed = typed
         self._at = _At.FUNCTION
         self._word = ""  # a tag, a name or a key, so far
         self._key = ""
         self._keys = 0
         self._value = _XmlValue()
-        self._out: list[str] = []
 
     @property
     def done(self) -> bool:
         return self._at is _At.DONE
 
-    def take(self) -> str:
-        if self._at is _At.VALUE:
-            self._out.append(self._value.take())
-        out = "".join(self._out)
-        self._out.clear()
-        return out
-
-    def feed(self, text: str) -> int:
-        for at, ch in enumerate(text):
-            if self.done:
-                return at
-            self._read(ch)
-        return len(text)
+    def _pending(self) -> str:
+        return self._value.take() if self._at is _At.VALUE else ""
 
     def _read(self, ch: str) -> None:
         match self._at:
