@@ -14,6 +14,7 @@ renders alike either way keeps what the model read and wrote.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import logging
@@ -300,6 +301,20 @@ class PromptBuilder:
             position += len(node.tokens)
             out.append(position)
         return out
+
+    @functools.cached_property
+    def replies_keep_opening(self) -> bool:
+        """Whether a reply's tokens start with the generation prompt it was written after
+        (most templates; not one whose generation prompt opens the reasoning that the
+        reply's later rendering drops, as Qwen 3.5's does). Then the state at a prompt's end
+        is a prefix of every later path through its reply, and the state at the end of the
+        message before it adds nothing. Found once, on a probe reply."""
+        user = Node(id=-1, parent=None, role=Role.USER, text="Hi", created=0.0)
+        try:
+            tokens = self.reply_tokens([user], self.tokenize("Hello."), "Hello.")
+        except TemplateError:
+            return False
+        return self.reply_opening(tokens) is not None
 
     def reply_opening(self, tokens: Sequence[int]) -> int | None:
         """Where the generation prompt ends in a reply's `tokens`, if it starts with it."""

@@ -143,7 +143,8 @@ class Generator:
             opening = self.prompts.reply_opening(opened)
             if opening is not None:  # as the finished reply will mark it (PromptBuilder.marks)
                 marks.append(marks[-1] + opening)
-        report = self._prepare(list(path), target, marks, on_progress, cancel, on_plan, scope)
+        report = self._prepare(list(path), target, marks, on_progress, cancel, on_plan, scope,
+                               prompt_follows=resume is None)
         return Prepared(report, tuple(before), base_text)
 
     def fit(
@@ -279,7 +280,10 @@ class Generator:
         cancel: CancelFn | None,
         on_plan: PlanFn | None = None,
         scope: str = "",
+        *,
+        prompt_follows: bool = False,
     ) -> PrepareReport:
+        """`prompt_follows`: the target is `path`, then the generation prompt."""
         runtime = self.runtime
         if not self.use_cache:
             runtime.clear()
@@ -300,6 +304,11 @@ class Generator:
         saved = {checkpoint.n_tokens for checkpoint in candidates}
         kind = runtime.memory_kind
         planned = plan_saves(kind, schedule, ends, self.checkpoint_interval)
+        if prompt_follows and ends and ends[-1] < len(target) and self.prompts.replies_keep_opening:
+            # Every reply to the last message starts with the generation prompt: the state at
+            # the prompt's end, saved anyway, serves every path the state at the message's
+            # end would. One whole-state capture less before the first token.
+            planned = [n for n in planned if n != ends[-1]]
         room = _inner_room(store)
         inner = set(plan_inner(kind, schedule, ends, runtime.grid,
                                most=min(INNER_MOST, room))[-room:] if room else ())

@@ -22,6 +22,7 @@ from engine.core.prompt import (
 )
 from engine.core.tree import Node, Role, Tree
 from engine.llm.llama import LlamaModel
+from tests.fixtures.vendored import template
 
 
 def _char_tokenizer(bos: int | None = None) -> Tokenizer:
@@ -298,3 +299,14 @@ def test_the_bundled_models_template_tiles_a_path_as_it_renders_node_by_node(
                      or n.role is not Role.SYSTEM], add_generation_prompt=True))
     finally:
         model.close()
+
+
+def test_replies_keep_the_generation_prompt_unless_it_opens_reasoning_they_drop(
+    vendored: Path,
+) -> None:
+    """Where they keep it, a prompt-end state serves every later path through its reply (the
+    engine then saves no state at the message's end, a few tokens before)."""
+    assert _builder(CHATML_TEMPLATE, bos=1).replies_keep_opening
+    assert _builder(TEMPLATES["reasoning"], bos=1).replies_keep_opening  # opens none
+    # Qwen 3.5 opens `<think>` in the generation prompt; a reply's later form has none.
+    assert not _builder(template(vendored, "Qwen3.5-4B"), bos=1).replies_keep_opening
