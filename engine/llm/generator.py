@@ -303,12 +303,9 @@ class Generator:
         candidates = store.candidates(target, schedule, scope=scope)
         saved = {checkpoint.n_tokens for checkpoint in candidates}
         kind = runtime.memory_kind
-        planned = plan_saves(kind, schedule, ends, self.checkpoint_interval)
-        if prompt_follows and ends and ends[-1] < len(target) and self.prompts.replies_keep_opening:
-            # Every reply to the last message starts with the generation prompt: the state at
-            # the prompt's end, saved anyway, serves every path the state at the message's
-            # end would. One whole-state capture less before the first token.
-            planned = [n for n in planned if n != ends[-1]]
+        planned = plan_saves(kind, schedule, ends, self.checkpoint_interval,
+                             prompt_covers_last=prompt_follows
+                             and self.prompts.replies_keep_opening)
         room = _inner_room(store)
         inner = set(plan_inner(kind, schedule, ends, runtime.grid,
                                most=min(INNER_MOST, room))[-room:] if room else ())

@@ -391,8 +391,7 @@ class LlamaModel:
         bytes, when the tokenizer does not give `text` back as it is."""
         out: list[int] = []
         at = 0
-        pieces = self._pieces
-        longest = max(len(piece) for piece in pieces)
+        pieces, longest = self._pieces
         while at < len(text):
             for size in range(min(longest, len(text) - at), 0, -1):
                 token = pieces.get(text[at:at + size])
@@ -405,13 +404,14 @@ class LlamaModel:
         return out
 
     @functools.cached_property
-    def _pieces(self) -> dict[bytes, int]:
-        """Each token's bytes (control tokens' text too), the first token of each."""
+    def _pieces(self) -> tuple[dict[bytes, int], int]:
+        """Each token's bytes (control tokens' text too), the first token of each; and the
+        longest's length."""
         pieces: dict[bytes, int] = {}
         for token in range(self.n_vocab):
             pieces.setdefault(self.token_bytes(token, special=True), token)
         pieces.pop(b"", None)
-        return pieces
+        return pieces, max(map(len, pieces), default=0)
 
     def is_eog(self, token: int) -> bool:
         return bool(lc.llama_vocab_is_eog(self.vocab, token))
@@ -697,11 +697,10 @@ class Sampler:
     A lazy grammar (`SamplingParams.json_lazy`: a tool call under "auto"; a forced call or
     JSON output after a reply's reasoning) holds only from its trigger on: until then the
     chain alone draws, as it does without a grammar, and each token's text is watched for
-    the trigger. The trigger is found here, not by llama.cpp's
-    own lazy grammar, whose trigger check runs inside `llama_sampler_accept` and throws a C++
-    exception (which ends the process under ctypes) when the text after the trigger in the
-    same token is not what the grammar allows; here every token is checked before the grammar
-    takes it."""
+    the trigger. The trigger is found here, not by llama.cpp's own lazy grammar, whose
+    trigger check runs inside `llama_sampler_accept` and throws a C++ exception (which ends
+    the process under ctypes) when the text after the trigger in the same token is not what
+    the grammar allows; here every token is checked before the grammar takes it."""
 
     def __init__(self, params: SamplingParams, seed: int, *, model: LlamaModel | None = None,
                  history: Sequence[int] = ()) -> None:

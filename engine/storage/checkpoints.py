@@ -153,7 +153,8 @@ RECURRENT_INTERVAL = 256
 
 
 def plan_saves(
-    kind: MemoryKind, schedule: Schedule, node_ends: Sequence[int], interval: int
+    kind: MemoryKind, schedule: Schedule, node_ends: Sequence[int], interval: int, *,
+    prompt_covers_last: bool = False,
 ) -> list[int]:
     """Where to capture state while decoding a target by `schedule`: always chunk ends.
 
@@ -163,12 +164,16 @@ def plan_saves(
     - Node ends (where edits diverge), for kinds whose cache cannot be cut back there:
       recurrent, hybrid and sliding-window models. A dense cache is cut back to any
       node end of the live branch for free, so it only needs the prompt-end states to jump
-      to a branch that is not live.
+      to a branch that is not live. Not the last node's end when the generation prompt
+      follows it and every reply to it starts with that prompt (`prompt_covers_last`,
+      PromptBuilder.replies_keep_opening): the prompt-end state, a few tokens on, serves
+      every path that state would, and the capture it spares comes before the first token.
     - Inside long stretches, the first chunk end at or past each multiple of `interval`. A
       recurrent state is the same size wherever it is taken (a few MiB, against a KV cache
       that grows with every token), so there the interval is at most RECURRENT_INTERVAL:
       an edit near the end of a long message then re-reads a few hundred tokens, not all.
-    The answer depends on the schedule alone, never on what the store already holds.
+    The answer depends on the schedule (and the template's `prompt_covers_last`) alone,
+    never on what the store already holds.
     """
     if kind is MemoryKind.RECURRENT and interval > 0:
         interval = min(interval, RECURRENT_INTERVAL)
@@ -177,6 +182,8 @@ def plan_saves(
     if kind is not MemoryKind.DENSE:
         saves.update(n for n in node_ends if n in ends)
     saves.update(crossing(schedule, 0, interval))
+    if prompt_covers_last and node_ends and node_ends[-1] < schedule.length:
+        saves.discard(node_ends[-1])
     return sorted(saves)
 
 
