@@ -21,7 +21,7 @@ from engine.core.overflow import Cut, Overflow, fit, read_part, reply_room
 from engine.core.prompt import BuiltinTemplate, ChatTemplate, PromptBuilder, Template, Tokenizer
 from engine.core.reasoning import OPENED, opens_reasoning, reasoning_closer
 from engine.core.results import CancelFn, PlanFn, ProgressFn, TokenFn
-from engine.core.schedule import DEFAULT_INTERVAL
+from engine.core.schedule import DEFAULT_INTERVAL, crossing
 from engine.core.templates import TemplateChoice, TemplateOrigin, choose_template
 from engine.core.tree import Node, Role
 from engine.llm.llama import apply_builtin_template, builtin_template_names
@@ -306,12 +306,20 @@ class Generator:
         planned = plan_saves(kind, schedule, ends, self.checkpoint_interval,
                              prompt_covers_last=prompt_follows
                              and self.prompts.replies_keep_opening)
-        room = _inner_room(store)
-        inner = set(plan_inner(kind, schedule, ends, runtime.grid,
-                               most=min(INNER_MOST, room))[-room:] if room else ())
+        partial = runtime.partial_states
+        room = _inner_room(store, partial=partial)
+        inner = set(plan_inner(kind, schedule, ends, runtime.grid, most=min(INNER_MOST, room),
+                               partial=partial)[-room:] if room else ())
         inner -= set(planned)
         # A candidate of that length holds exactly that state.
         saves = [n for n in sorted({*planned, *inner}) if n not in saved]
+        # Where a partial state serves (`Runtime.partial_states`): inside messages and at
+        # their ends, which edits and the next turns restore while the live cache still
+        # holds the branch. The prompt's end and the interval's states stay whole: they are
+        # what a swipe or a return to another branch restores, after the live cache moved.
+        crossings = set(crossing(schedule, 0, self.checkpoint_interval))
+        partial_at = {n for n in saves if n < len(target) and n not in crossings} \
+            if partial else set()
 
         def keep(checkpoint: Checkpoint) -> None:
             # Attach it to the node holding its last token; the prompt's end (the reply's
@@ -328,6 +336,7 @@ class Generator:
             checkpoints=candidates,
             fetch=store.fetch,
             save_at=saves,
+            partial_at=partial_at,
             on_checkpoint=keep,
             on_progress=on_progress,
             on_plan=on_plan,
@@ -341,11 +350,12 @@ class Generator:
         return prepared
 
 
-def _inner_room(store: CheckpointStore) -> int:
+def _inner_room(store: CheckpointStore, *, partial: bool = False) -> int:
     """How many inner checkpoints (`plan_inner`) one prepare may take: as many as the RAM
     the other checkpoints leave would hold at the size of the largest one kept (the estimate
     of the next one's: a state stays the same size or grows with its position); with none
     kept yet, INNER_MOST. Those of the last messages are kept (users edit recent ones). The
-    store drops inner checkpoints over the budget whatever the estimate said."""
-    size = store.largest()
+    store drops inner checkpoints over the budget whatever the estimate said. `partial`: the
+    inner ones will be partial states, sized by the largest such one kept."""
+    size = store.largest(partial=partial)
     return INNER_MOST if size == 0 else store.inner_room() // size

@@ -333,6 +333,8 @@ class EngineService:
                 key = checkpoint.node_id
                 if key is None or node_of_key(key)[0] != request.conversation_id:
                     continue
+                if checkpoint.partial:  # nothing without this context's live cache
+                    continue
                 loaded = store.fetch(checkpoint)
                 if loaded is not None and loaded.blob is not None:
                     items.append(SessionCheckpoint(0, loaded, store.identity))

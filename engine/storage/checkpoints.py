@@ -18,6 +18,13 @@ the logits. A file whose tag, identity or checksums do not match is removed and 
 to llama.cpp: its state loader is not safe on foreign bytes, and anyone who can write the cache
 folder could otherwise choose what it loads (or which token a reply starts with).
 
+A partial checkpoint (`PARTIAL_ONLY`, on hybrid models whose attention layers see the whole
+context) holds only the recurrent part of the state: a few hundred KiB against an attention
+cache that grows with every token. It is valid only with the live context's attention cache,
+which must hold the same prefix decoded with the same chunk ends (engine.llm.runtime checks);
+so it lives in RAM alone, is never spilled, exported or read from a file, and a whole state of
+the same prefix replaces it.
+
 Every checkpoint also carries its cache scope: whose requests made it ("" for the window, one
 scope per API `user`). A checkpoint serves only requests of its own scope, so what a request
 reuses (and so `cached_tokens` and the time it takes) never tells one client of another's
@@ -58,6 +65,8 @@ _PREFIX = struct.Struct("<8sII")  # magic, version, header length; then the tag,
 _TAG_BYTES = 32
 _HEADER_LIMIT = 1 << 26
 MAX_SCOPE_CHARS = 256  # a scope is a short name ("api:" and a sha256 for the API's)
+# llama.cpp's LLAMA_STATE_SEQ_FLAGS_PARTIAL_ONLY: the state without the attention cache
+PARTIAL_ONLY = 1
 
 
 @dataclass(frozen=True)
@@ -111,6 +120,11 @@ class Checkpoint:
             object.__setattr__(self, "size", len(self.blob or b""))
         if self.logits_size < 0:
             object.__setattr__(self, "logits_size", len(self.logits or b""))
+
+    @property
+    def partial(self) -> bool:
+        """Whether it holds the recurrent part alone (see the module's docstring)."""
+        return bool(self.flags & PARTIAL_ONLY)
 
     @property
     def has_logits(self) -> bool:
@@ -189,10 +203,11 @@ def plan_saves(
 
 # Inside a long message: a message of at least LONG_MESSAGE tokens (and two grid steps) gets
 # checkpoints on the grid, at most INNER_MOST of them (a longer message gets them every few
-# grid steps). A chat turn of a few hundred tokens gets none: on a hybrid model at 8k tokens
-# of context each capture is the whole state (33 MB, 22-100 ms), and a 300-token turn took
-# four, paid before every new turn's first token to spare an edit inside it at most 300
-# tokens of decode.
+# grid steps). A chat turn of a few hundred tokens gets none where a capture is the whole
+# state: on the sliding-window model each one settles the cache, and a whole hybrid state at
+# 8k tokens of context is 33 MB (22-100 ms); a 300-token turn took four, paid before every new
+# turn's first token to spare an edit inside it at most 300 tokens of decode. Where captures
+# are partial (a hybrid's recurrent part: 0.3 MB, under a millisecond) two grid steps suffice.
 LONG_MESSAGE = 512
 INNER_MOST = 16
 
@@ -204,6 +219,7 @@ def plan_inner(
     grid: int,
     *,
     most: int = INNER_MOST,
+    partial: bool = False,
 ) -> list[int]:
     """Inner checkpoints: grid points inside long messages, for the kinds that cannot cut
     their cache back (recurrent, hybrid, sliding window).
@@ -214,9 +230,10 @@ def plan_inner(
     decodes at most a step plus the rest of the message. The step is the grid, or a
     multiple of it so that one message gets at most `most` (the caller sizes `most` by the
     memory it may use); a message shorter than LONG_MESSAGE tokens (or two grid steps) gets
-    none, so a normal message costs no capture more. Like `plan_saves`, the answer depends on the
-    schedule (and `most`) alone; the store keeps these in the room the other checkpoints
-    leave and evicts them first (`CheckpointStore.add`).
+    none, so a normal message costs no capture more, unless the captures are `partial`
+    states (cheap): then two grid steps are long enough. Like `plan_saves`, the answer
+    depends on the schedule (and `most`) alone; the store keeps these in the room the other
+    checkpoints leave and evicts them first (`CheckpointStore.add`).
     """
     if kind is MemoryKind.DENSE or grid < 1 or most < 1:
         return []
@@ -225,7 +242,7 @@ def plan_inner(
     out: list[int] = []
     for start, stop in itertools.pairwise(bounds):
         span = stop - start
-        if span < max(LONG_MESSAGE, 2 * grid):
+        if span < (2 * grid if partial else max(LONG_MESSAGE, 2 * grid)):
             continue
         step = grid * max(1, -(-span // (grid * most)))
         first = (start // step + 1) * step
@@ -265,7 +282,8 @@ class _Entry:
     last_used: float
     path: Path | None = None  # on disk when set
     in_ram: bool = True
-    # Inside a message (`plan_inner`): evicted before any other, and dropped, never spilled.
+    # Inside a message (`plan_inner`): evicted before any other, and dropped, never spilled
+    # (as a partial checkpoint is: it is nothing without the live cache).
     inner: bool = False
     file_bytes: int = 0  # the size of its file on disk: header, blob and logits
 
@@ -332,10 +350,12 @@ class CheckpointStore:
                    if e.in_ram and not e.inner)
         return max(0, self.ram_budget - used)
 
-    def largest(self) -> int:
-        """The size of the largest state in RAM (0 when none): what the next inner
-        checkpoint of this context may cost (inner ones keep no logits), to size them by."""
-        return max((e.checkpoint.size for e in self._entries.values() if e.in_ram), default=0)
+    def largest(self, *, partial: bool = False) -> int:
+        """The size of the largest whole (or `partial`) state in RAM (0 when none): what the
+        next inner checkpoint of this context may cost (inner ones keep no logits), to size
+        them by."""
+        return max((e.checkpoint.size for e in self._entries.values()
+                    if e.in_ram and e.checkpoint.partial == partial), default=0)
 
     def stats(self) -> StoreStats:
         ram = [e for e in self._entries.values() if e.in_ram]
@@ -361,7 +381,8 @@ class CheckpointStore:
 
         An `inner` one (`plan_inner`) is kept only in the room the others leave: inner
         checkpoints over the budget are dropped at once, the least valuable first (they
-        come many to a message, and dropping costs nothing)."""
+        come many to a message, and dropping costs nothing). Of two checkpoints of the same
+        state the whole one is kept, then the one with logits."""
         if not valid_bounds(checkpoint.bounds, checkpoint.n_tokens):
             raise ValueError("a checkpoint without its chunk ends can never be restored")
         for entry in list(self._entries.values()):
@@ -369,12 +390,14 @@ class CheckpointStore:
             if (held.tokens, held.bounds, held.scope) == (
                 checkpoint.tokens, checkpoint.bounds, checkpoint.scope
             ):
-                if held.has_logits or not checkpoint.has_logits:
+                if (not held.partial, held.has_logits) >= (
+                    not checkpoint.partial, checkpoint.has_logits
+                ):
                     entry.last_used = time.monotonic()
                     entry.inner = entry.inner and inner  # a message end there too: keep it so
                     return  # the same state is already kept
                 inner = inner and entry.inner
-                self.drop(held.id)  # the same state, now with its logits: keep the new one
+                self.drop(held.id)  # the same state, whole or with logits: keep the new one
                 break
         self._entries[checkpoint.id] = _Entry(checkpoint, time.monotonic(), inner=inner)
         self.created += 1
@@ -485,7 +508,7 @@ class CheckpointStore:
 
     def _evict(self, entry: _Entry) -> None:
         checkpoint = entry.checkpoint
-        if entry.inner:  # many, and cheap to lose: never worth a disk write
+        if entry.inner or checkpoint.partial:  # cheap to lose, or useless from disk
             del self._entries[checkpoint.id]
             return
         if self._disk is not None and entry.path is None:
@@ -513,6 +536,7 @@ class CheckpointStore:
         """One file per checkpoint: `file_head`, the JSON header, the blob, the logits (if
         any). Written to a temp file, fsynced, then renamed into place. Its path and size."""
         assert self._disk is not None and self._key is not None and checkpoint.blob is not None
+        assert not checkpoint.partial, "a partial state is nothing without the live cache"
         logits = checkpoint.logits or b""
         header = dumps_strict({
             "identity": asdict(self.identity),
@@ -603,6 +627,8 @@ class CheckpointStore:
         size, flags = header.get("size"), header.get("flags")
         if not _is_int(size) or size < 0 or not (_is_int(flags) and 0 <= flags < 1 << 32):
             raise ValueError("bad size or flags")
+        if flags & PARTIAL_ONLY:  # never written: the live cache it needs is gone
+            raise ValueError("a partial state")
         if not isinstance(header.get("sha256"), str):
             raise ValueError("bad checksum field")
         scope = header.get("scope", "")  # files written before scopes are the window's

@@ -41,7 +41,7 @@ from engine.core.tree import NodeStatus, Role
 from engine.files.atomic import atomic_writer
 from engine.files.regular import FormatError, open_regular
 from engine.files.strict_json import dumps_strict, loads_strict
-from engine.storage.checkpoints import Checkpoint, Identity, valid_bounds
+from engine.storage.checkpoints import PARTIAL_ONLY, Checkpoint, Identity, valid_bounds
 from engine.storage.keyfile import installation_key
 
 FORMAT = "arbor-session"
@@ -412,7 +412,10 @@ def _checkpoint(
     # Another model or context: the engine will reprocess. No chunk ends: an older file,
     # decoded with an unrecorded schedule, never exact here.
     chunk_ends = tuple(bounds) if valid_bounds(bounds, len(tokens)) else None
-    usable = identity is not None and found == identity and chunk_ends is not None
+    # A partial state needs the live cache of the context that made it: never written, and
+    # never usable from a file.
+    usable = (identity is not None and found == identity and chunk_ends is not None
+              and not flags & PARTIAL_ONLY)
     mac = _mac(key if key is not None else installation_key(), header) if usable else None
     blob = members.read(blob_name, mac, keep=usable)
     wrong_size = header.get("size") != members.size(blob_name)

@@ -817,6 +817,7 @@ HEADER_DAMAGE: dict[str, Callable[[dict[str, Any]], bytes]] = {
     "flags too large": _edit(flags=1 << 40),
     "flags infinite": _raw("flags", b"1e400"),
     "flags Infinity": _raw("flags", b"Infinity"),
+    "flags partial": _edit(flags=1),  # a partial state is never written: its cache is gone
     "size huge": _edit(size=1 << 62),
     "size negative": _edit(size=-1),
     "size missing": _edit(size=...),

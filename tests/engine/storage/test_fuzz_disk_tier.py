@@ -22,7 +22,7 @@ from tests.engine.storage.test_checkpoints import forge, spill, split, tier_file
 WRITTEN = [
     Checkpoint(tokens=(1, 2, 3), blob=bytes(range(200, 0, -1)), bounds=(3,)),
     Checkpoint(tokens=(1, 2, 4), blob=bytes(range(200)), bounds=(1, 3)),
-    Checkpoint(tokens=(9, 8, 7, 6), blob=b"\x07" * 200, bounds=(2, 4), flags=1),
+    Checkpoint(tokens=(9, 8, 7, 6), blob=b"\x07" * 200, bounds=(2, 4), flags=2),
 ]
 BY_TOKENS = {c.tokens: c for c in WRITTEN}
 MEMORY_BOUND = 1 << 20  # the files are a few hundred bytes; reading them costs no more

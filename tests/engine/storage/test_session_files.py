@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from engine.core.records import from_tree
 from engine.core.tree import Role, Tree
 from engine.files.regular import FormatError
-from engine.storage.checkpoints import Checkpoint, Identity
+from engine.storage.checkpoints import PARTIAL_ONLY, Checkpoint, Identity
 from engine.storage.formats import arbor_file as native
 from engine.storage.formats.arbor_file import SessionCheckpoint, read_session, write_session
 from engine.storage.store import Store
@@ -119,6 +119,17 @@ def test_a_checkpoint_without_its_chunk_ends_is_dropped(tmp_path: Path) -> None:
     than this version splits the same path, so it is never restored."""
     old = Checkpoint(tokens=(1, 2, 3), blob=bytearray(b"state" * 100))
     path = _write(tmp_path, checkpoints=[SessionCheckpoint(0, old, IDENTITY)])
+    contents = read_session(path, identity=IDENTITY, key=KEY)
+    assert contents.checkpoints == [] and contents.dropped_checkpoints == 1
+    assert len(contents.conversations) == 1
+
+
+def test_a_partial_checkpoint_in_a_file_is_dropped(tmp_path: Path) -> None:
+    """A partial state (a hybrid's recurrent part) needs the live cache of the context that
+    made it: the engine never exports one, and one in a file, even signed, is never used."""
+    partial = Checkpoint(tokens=(1, 2, 3), blob=bytearray(b"state" * 100), bounds=(3,),
+                         flags=PARTIAL_ONLY)
+    path = _write(tmp_path, checkpoints=[SessionCheckpoint(0, partial, IDENTITY)])
     contents = read_session(path, identity=IDENTITY, key=KEY)
     assert contents.checkpoints == [] and contents.dropped_checkpoints == 1
     assert len(contents.conversations) == 1
