@@ -139,14 +139,19 @@ class Runtime:
         # attention sums run in cell order: on K-quants that changes the logits (by more than
         # 1 on Gemma 3 270M). Every interior chunk end is therefore settled: the state is
         # saved and loaded back, which lays it out from cell 0 the same way whatever came
-        # before, in every mode. `_settled` says the live state is in that form now.
+        # before, in every mode. `_settled` says the live state is in that form now. Only
+        # the window layers' cells need it: the other layers' cache is filled from cell 0 in
+        # position order in every mode, so a settle saves and loads back the window part
+        # alone (a partial state, below) unless the whole state is wanted as a checkpoint.
         self._settles = self.memory_kind is MemoryKind.SLIDING_WINDOW
-        # A hybrid whose attention layers see the whole context cuts its attention cache
-        # back as a dense one does; only the recurrent part cannot go back. A partial
-        # checkpoint (PARTIAL_ONLY) saves that part alone, and restores the live state to
-        # its prefix: load it, then cut the attention cache back. On the hybrid bench model
-        # at 8k tokens it is 0.3 MB in 0.1 ms, where the whole state is 33 MB in 20 ms.
-        self.partial_states = self.memory_kind is MemoryKind.HYBRID and self.n_swa == 0
+        # Partial states (PARTIAL_ONLY): the part of the state that cannot be cut back, the
+        # recurrent part of a hybrid whose attention layers see the whole context or the
+        # window layers' cache of a sliding-window model. The rest is a cache that is cut
+        # back as a dense one is, so a partial checkpoint restores the live state to its
+        # prefix: load it over the live state, then cut the rest back. On the hybrid bench
+        # model at 8k tokens it is 0.3 MB in 0.1 ms, where the whole state is 33 MB in 20 ms.
+        self.partial_states = self._settles or (
+            self.memory_kind is MemoryKind.HYBRID and self.n_swa == 0)
         self._settled = False
         # Whose requests the live state was prepared for (engine.storage.checkpoints: scopes): only
         # a prepare for the same scope reuses it, and its checkpoints carry it.
@@ -378,16 +383,15 @@ class Runtime:
             problem = f"was read as {read} of {checkpoint.size} bytes"
         elif not self.ctx.seq_rm(n, -1):
             problem = f"left an attention cache that would not be cut back to {n}"
-        elif self.ctx.pos_max() != checkpoint.pos_max:
-            problem = f"restored to position {self.ctx.pos_max()}, expected {checkpoint.pos_max}"
         else:
-            problem = None
+            problem = self._placed(n)
         if problem is not None:
             log.warning("partial checkpoint %d %s; dropping it", checkpoint.id, problem)
             self.clear()
             return False
         del self._live[n:]
         self._bounds = list(checkpoint.bounds)
+        self._settled = True  # the window's cells loaded from 0, the rest cut back in order
         self._stale = True
         self._end = None
         if checkpoint.logits is not None:
@@ -405,10 +409,14 @@ class Runtime:
         read = self.ctx.state_set(checkpoint.blob, checkpoint.flags)
         if read != checkpoint.size:
             return f"was read as {read} of {checkpoint.size} bytes"
+        return self._placed(checkpoint.n_tokens)
+
+    def _placed(self, n: int) -> str | None:
+        """What is wrong with the context as the state of `n` tokens just loaded, or None."""
         pos_max = self.ctx.pos_max()
-        if pos_max != checkpoint.pos_max:
-            return f"restored to position {pos_max}, expected {checkpoint.pos_max}"
-        if not self._window_holds(checkpoint.n_tokens):
+        if pos_max != n - 1:
+            return f"restored to position {pos_max}, expected {n - 1}"
+        if not self._window_holds(n):
             return "lacks the tokens the next ones attend to"
         return None
 
@@ -569,7 +577,7 @@ class Runtime:
                 if cancel and cancel():
                     raise Cancelled()
                 if self._settles and not self._settled and self._live:
-                    self._settle()
+                    self._settle(partial=True)
                 chunk = target[position:end]
                 self._stale = True
                 status = self.ctx.decode(chunk, position, want_logits=end == len(target))
@@ -589,7 +597,8 @@ class Runtime:
                     if keep is not None:
                         self._pending_capture = (end, keep, partial)
                 elif self._settles:
-                    settled = self._settle()  # before the next chunk; its blob is the save
+                    # Before the next chunk; its blob is the save (whole where one is wanted).
+                    settled = self._settle(partial=keep is None or partial)
                     if keep is not None:
                         keep(settled)
                 elif keep is not None:
@@ -604,11 +613,19 @@ class Runtime:
         finally:
             self.ctx.arm_abort(None)
 
-    def _settle(self) -> Checkpoint:
-        """Save the live state and load it back into the cleared cache (see `_settles`)."""
-        checkpoint = self.capture()
-        self.ctx.clear()
-        problem = self._load_and_verify(checkpoint)
+    def _settle(self, *, partial: bool) -> Checkpoint:
+        """Save the live state and load it back (see `_settles`): the whole state into the
+        cleared cache, or (`partial`) the window layers' part over the live state, which
+        lays those cells out from 0 as the whole load does (llama.cpp frees the sequence's
+        cells there first) and leaves the other layers' cache as it is."""
+        checkpoint = self.capture(partial=partial)
+        if partial:
+            read = self.ctx.state_set(checkpoint.blob or b"", checkpoint.flags)
+            problem = (f"was read as {read} of {checkpoint.size} bytes"
+                       if read != checkpoint.size else self._placed(checkpoint.n_tokens))
+        else:
+            self.ctx.clear()
+            problem = self._load_and_verify(checkpoint)
         if problem is not None:  # llama.cpp refused its own state just saved: a bug there
             self.clear()
             raise DecodeError(f"the context's own state {problem}")
@@ -638,9 +655,11 @@ class Runtime:
             self.flush_capture()
             return
         pending, self._pending_capture = self._pending_capture, None
-        settled = self._settle()  # its blob is the prompt-end checkpoint
         if pending is not None and pending[0] == n:
-            pending[1](settled)
+            _, keep, partial = pending
+            keep(self._settle(partial=partial))  # its blob is the prompt-end checkpoint
+        else:
+            self._settle(partial=True)
 
     def _resync_after_abort(self) -> None:
         """After an aborted decode, keep the live prefix only if the cache still holds

@@ -18,9 +18,10 @@ the logits. A file whose tag, identity or checksums do not match is removed and 
 to llama.cpp: its state loader is not safe on foreign bytes, and anyone who can write the cache
 folder could otherwise choose what it loads (or which token a reply starts with).
 
-A partial checkpoint (`PARTIAL_ONLY`, on hybrid models whose attention layers see the whole
-context) holds only the recurrent part of the state: a few hundred KiB against an attention
-cache that grows with every token. It is valid only with the live context's attention cache,
+A partial checkpoint (`PARTIAL_ONLY`) holds only the part of the state that cannot be cut
+back: the recurrent part of a hybrid whose attention layers see the whole context, the window
+layers' cache of a sliding-window model. A hybrid's is a few hundred KiB against an attention
+cache that grows with every token. It is valid only with the live context's other layers,
 which must hold the same prefix decoded with the same chunk ends (engine.llm.runtime checks);
 so it lives in RAM alone, is never spilled, exported or read from a file, and a whole state of
 the same prefix replaces it.
@@ -207,7 +208,8 @@ def plan_saves(
 # state: on the sliding-window model each one settles the cache, and a whole hybrid state at
 # 8k tokens of context is 33 MB (22-100 ms); a 300-token turn took four, paid before every new
 # turn's first token to spare an edit inside it at most 300 tokens of decode. Where captures
-# are partial (a hybrid's recurrent part: 0.3 MB, under a millisecond) two grid steps suffice.
+# are partial (a hybrid's recurrent part: 0.3 MB, under a millisecond; a window's cells) two
+# grid steps suffice.
 LONG_MESSAGE = 512
 INNER_MOST = 16
 

@@ -1,6 +1,7 @@
-"""Partial checkpoints on a hybrid model: the recurrent part of the state alone, restored with
-the live attention cache cut back to it. Exact where the live cache holds their prefix, and
-never used where it does not."""
+"""Partial states: the recurrent part of a hybrid's state, or the window layers' cache of a
+sliding-window model, alone. A partial checkpoint is restored over the live state, the rest
+cut back to it: exact where the live cache holds its prefix, never used where it does not. A
+sliding-window model settles only its window part between chunks."""
 
 from __future__ import annotations
 
@@ -37,18 +38,22 @@ def _decode_and_capture(
     return whole, partial
 
 
+PARTIAL_KINDS = [MemoryKind.HYBRID, MemoryKind.SLIDING_WINDOW]
+
+
 @pytest.mark.parametrize("quant", [Quant.F32, Quant.Q8_0, Quant.Q4_K_M], ids=str)
+@pytest.mark.parametrize("kind", PARTIAL_KINDS, ids=lambda k: k.value)
 def test_a_partial_checkpoint_restores_the_live_branch_exactly(
-    quant: Quant, quantized_models: Callable[[MemoryKind, Quant], Path],
+    kind: MemoryKind, quant: Quant, quantized_models: Callable[[MemoryKind, Quant], Path],
     make_runtime: RuntimeFactory,
 ) -> None:
-    path = quantized_models(MemoryKind.HYBRID, quant)
+    path = quantized_models(kind, quant)
     runtime = make_runtime(path, n_ctx=1024, n_batch=64)
     assert runtime.partial_states
     first = random_tokens(300)
     whole, partial = _decode_and_capture(runtime, first, 128)
     assert partial.partial and not whole.partial
-    assert partial.size < whole.size  # the attention cache stays in the context
+    assert partial.size < whole.size  # the rest stays in the context
 
     edited = first[:128] + random_tokens(70, seed=3)  # the third message is edited
     report = runtime.prepare(edited, marks=MARKS, checkpoints=[partial])
@@ -59,10 +64,11 @@ def test_a_partial_checkpoint_restores_the_live_branch_exactly(
     assert np.array_equal(cached, fresh_logits(runtime, edited, MARKS))
 
 
+@pytest.mark.parametrize("kind", PARTIAL_KINDS, ids=lambda k: k.value)
 def test_a_partial_checkpoint_is_never_used_once_the_live_cache_has_moved(
-    tiny_models: dict[str, Path], make_runtime: RuntimeFactory
+    kind: MemoryKind, tiny_models: dict[str, Path], make_runtime: RuntimeFactory
 ) -> None:
-    runtime = make_runtime(tiny_models["hybrid"], n_ctx=1024, n_batch=64)
+    runtime = make_runtime(tiny_models[kind.value], n_ctx=1024, n_batch=64)
     first = random_tokens(300)
     whole, partial = _decode_and_capture(runtime, first, 128)
     other = first[:64] + random_tokens(200, seed=4)  # another branch, after the first message
@@ -88,10 +94,11 @@ def test_a_partial_checkpoint_is_never_used_once_the_live_cache_has_moved(
     assert (report.source, report.checkpoint_id) == (Source.CHECKPOINT, whole.id)
 
 
+@pytest.mark.parametrize("kind", PARTIAL_KINDS, ids=lambda k: k.value)
 def test_a_damaged_partial_checkpoint_is_dropped_and_the_next_candidate_serves(
-    tiny_models: dict[str, Path], make_runtime: RuntimeFactory
+    kind: MemoryKind, tiny_models: dict[str, Path], make_runtime: RuntimeFactory
 ) -> None:
-    runtime = make_runtime(tiny_models["hybrid"], n_ctx=1024, n_batch=64)
+    runtime = make_runtime(tiny_models[kind.value], n_ctx=1024, n_batch=64)
     first = random_tokens(300)
     runtime.prepare(first[:64], marks=MARKS)
     early = runtime.capture()
@@ -107,9 +114,9 @@ def test_a_damaged_partial_checkpoint_is_dropped_and_the_next_candidate_serves(
     assert np.array_equal(runtime.last_logits(), fresh_logits(runtime, edited, MARKS))
 
 
-@pytest.mark.parametrize("kind", [k for k in ALL_KINDS if k is not MemoryKind.HYBRID],
+@pytest.mark.parametrize("kind", [k for k in ALL_KINDS if k not in PARTIAL_KINDS],
                          ids=lambda k: k.value)
-def test_only_a_hybrid_has_partial_states(
+def test_dense_and_recurrent_models_have_no_partial_state(
     kind: MemoryKind, tiny_models: dict[str, Path], make_runtime: RuntimeFactory
 ) -> None:
     runtime = make_runtime(tiny_models[kind.value], n_ctx=512, n_batch=64)
@@ -125,16 +132,17 @@ def test_only_a_hybrid_has_partial_states(
     assert [(c.n_tokens, c.partial) for c in saved] == [(64, False)]
 
 
-def test_a_chat_on_a_hybrid_keeps_message_ends_partial_and_answers_as_a_full_reprocess(
-    tiny_models: dict[str, Path], make_runtime: RuntimeFactory
+@pytest.mark.parametrize("kind", PARTIAL_KINDS, ids=lambda k: k.value)
+def test_a_chat_keeps_message_ends_partial_and_answers_as_a_full_reprocess(
+    kind: MemoryKind, tiny_models: dict[str, Path], make_runtime: RuntimeFactory
 ) -> None:
     """Message ends are saved partial, the prompt's end whole; a new turn and an edit a few
     turns back restore the partial states of the live branch, a return to the first branch
     the whole prompt-end state; every answer is the full reprocess's."""
-    runtime = make_runtime(tiny_models["hybrid"], n_ctx=2048, n_batch=16)
+    runtime = make_runtime(tiny_models[kind.value], n_ctx=2048, n_batch=16)
     store = CheckpointStore(runtime.identity())
     generator = Generator(runtime, sampling=GREEDY, checkpoints=store)
-    cold = Generator(make_runtime(tiny_models["hybrid"], n_ctx=2048, n_batch=16),
+    cold = Generator(make_runtime(tiny_models[kind.value], n_ctx=2048, n_batch=16),
                      sampling=GREEDY, use_cache=False)
     tree = Tree("You are terse.")
     parent = tree.root.id
@@ -197,3 +205,30 @@ def test_the_store_keeps_partial_states_in_ram_alone_and_prefers_whole_ones(
     store.add(whole)
     store.enforce_budget()  # where a whole one goes to disk
     assert len(store.all()) == 1 and len(list(tmp_path.rglob("*.ckpt"))) == 1
+
+
+def test_settling_the_window_part_alone_is_settling_the_whole_state_on_gemma(
+    gemma_path: Path, make_runtime: RuntimeFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Gemma 3 270M Q4_K_M, whose window cache wraps after 512 tokens and whose K-quant
+    kernels sum attention in cell order: settling the window layers' cells alone between
+    chunks gives the logits the whole-state settle gave, bit for bit, and a partial
+    checkpoint restored there answers as a decode from scratch."""
+    runtime = make_runtime(gemma_path, n_ctx=2048, n_batch=64)
+    whole = make_runtime(gemma_path, n_ctx=2048, n_batch=64)
+    settle = Runtime._settle
+    monkeypatch.setattr(whole, "_settle", lambda *, partial: settle(whole, partial=False))
+    marks = [400, 777, 1100]
+    first = random_tokens(1300)
+    for each in (runtime, whole):
+        each.prepare(first, marks=marks, use_live=False)
+    assert np.array_equal(runtime.last_logits(), whole.last_logits())
+
+    runtime.prepare(first[:777], marks=marks, use_live=False)
+    partial = runtime.capture(partial=True)
+    runtime.prepare(first, marks=marks)
+    edited = first[:777] + random_tokens(200, seed=9)
+    report = runtime.prepare(edited, marks=marks, checkpoints=[partial])
+    assert (report.source, report.reused_tokens) == (Source.CHECKPOINT, 777)
+    whole.prepare(edited, marks=marks, use_live=False)
+    assert np.array_equal(runtime.last_logits(), whole.last_logits())
