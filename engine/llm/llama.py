@@ -629,22 +629,29 @@ class LlamaContext:
     def state_get(self, flags: int = 0) -> bytearray:
         """The sequence's state, written by llama.cpp straight into the returned buffer (one
         copy). Treat it as immutable."""
+        return self.state_into(None, flags)[0]
+
+    def state_into(self, buf: bytearray | None, flags: int = 0) -> tuple[bytearray, int]:
+        """The sequence's state written at the start of `buf` (a new buffer of its size where
+        `buf` is None or too small): the buffer, and the state's size."""
         size = self.state_size(flags)
-        blob = bytearray(size)
+        blob = buf if buf is not None and len(buf) >= size else bytearray(size)
         view = (ctypes.c_uint8 * size).from_buffer(blob)
         written = int(lc.llama_state_seq_get_data_ext(self._ptr, view, size, SEQ, flags))
         del view
         if written != size:
             raise DecodeError(f"llama.cpp saved {written} of {size} bytes of state")
-        return blob
+        return blob, size
 
-    def state_set(self, blob: bytes | bytearray, flags: int = 0) -> int:
-        """Load a state blob into the sequence; returns the bytes read (0 on failure)."""
+    def state_set(self, blob: bytes | bytearray, flags: int = 0, *, size: int = -1) -> int:
+        """Load a state blob (its first `size` bytes, where given) into the sequence; returns
+        the bytes read (0 on failure)."""
+        size = len(blob) if size < 0 else size
         if isinstance(blob, bytearray):
-            buf = (ctypes.c_uint8 * len(blob)).from_buffer(blob)  # no copy
+            buf = (ctypes.c_uint8 * size).from_buffer(blob)  # no copy
         else:
-            buf = (ctypes.c_uint8 * len(blob)).from_buffer_copy(blob)
-        return int(lc.llama_state_seq_set_data_ext(self._ptr, buf, len(blob), SEQ, flags))
+            buf = (ctypes.c_uint8 * size).from_buffer_copy(blob)
+        return int(lc.llama_state_seq_set_data_ext(self._ptr, buf, size, SEQ, flags))
 
     # --- decoding ----------------------------------------------------------------------
 
