@@ -67,6 +67,7 @@ def test_the_scenario_measures_each_case_on_the_operation_it_names() -> None:
     by_case = {case: i for i, case in MEASURED.items()}
     assert ops[by_case[Case.SWITCH_BACK] - 1] == "switch"
     assert ops[by_case[Case.WARM_SEND] - 1] == "warm"
+    assert ops[by_case[Case.CONTINUE] - 2: by_case[Case.CONTINUE]] == ["send", "warm"]
     assert scenario.steps[by_case[Case.EDIT_EARLY]].message == 0
     assert set(MEASURED.values()) == set(Case)
 
@@ -184,6 +185,7 @@ def test_every_system_replays_every_case_and_arbor_says_what_the_reprocess_says(
     assert {c: arbor[c].text for c in full} == {c: full[c].text for c in full}  # the promise
     for case in (Case.REGENERATE, Case.SWITCH_BACK, Case.WARM_SEND, Case.CONTINUE):
         assert arbor[case.value].decoded < full[case.value].decoded / 2, case
+    assert arbor[Case.CONTINUE.value].decoded == 0  # warmed while the user read the reply
     assert full[Case.SWITCH_BACK.value].decoded == full[Case.SWITCH_BACK.value].prompt_tokens
     plain = results[System.PLAIN][Case.REGENERATE.value].decoded
     if kind == "dense":
