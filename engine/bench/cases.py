@@ -6,7 +6,9 @@ cases, in the order a user might do them on one conversation:
   edit the last user message (changed in its middle), regenerate the last reply, edit the
   first user message, switch back to the original branch and send, continue an interrupted
   reply, and send after a warm-up (what the app does while the user reads or types; it
-  warms the continue too, while the user reads the interrupted reply).
+  warms before the continue too). The reply to continue is cut by `max_tokens`, so it is
+  complete, not interrupted: the warm-up before it prepares the branch, not the continue
+  (Conversation.warm_target), and the continue decodes the reply's tokens.
 
 Each case is one measured reply. Arbor runs the whole session as one replay scenario; the
 llama-cpp-python peers run the same operations as a chat app on their API performs them.
@@ -118,7 +120,7 @@ class Conversation:
             {"op": "switch", "message": 0, "variant": 0},
             {"op": "send", "text": AFTER_SWITCH, "max_tokens": REPLY_TOKENS},
             {"op": "send", "text": TO_INTERRUPT, "max_tokens": INTERRUPTED_AT},
-            {"op": "warm"},  # the app warms the continue while the user reads the reply
+            {"op": "warm"},  # as the app does while the user reads the reply
             {"op": "continue", "max_tokens": REPLY_TOKENS},
             {"op": "warm"},
             {"op": "send", "text": AFTER_WARM, "max_tokens": REPLY_TOKENS},

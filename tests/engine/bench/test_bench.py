@@ -185,7 +185,6 @@ def test_every_system_replays_every_case_and_arbor_says_what_the_reprocess_says(
     assert {c: arbor[c].text for c in full} == {c: full[c].text for c in full}  # the promise
     for case in (Case.REGENERATE, Case.SWITCH_BACK, Case.WARM_SEND, Case.CONTINUE):
         assert arbor[case.value].decoded < full[case.value].decoded / 2, case
-    assert arbor[Case.CONTINUE.value].decoded == 0  # warmed while the user read the reply
     assert full[Case.SWITCH_BACK.value].decoded == full[Case.SWITCH_BACK.value].prompt_tokens
     plain = results[System.PLAIN][Case.REGENERATE.value].decoded
     if kind == "dense":
