@@ -183,7 +183,7 @@ class FakeEngineService:
         if self._model is None or request.epoch != self.control.epoch():
             self._emit(Warmed(request.conversation_id, last, 0, None, done=False))
             return
-        prompt, rendered = _prompt(request.path)
+        prompt, rendered = _prompt(request.path, request.resume)
         report = self._prepare(prompt)
         self._emit_usage()  # before `Warmed`: it is the request's last event
         self._emit(Warmed(request.conversation_id, last, len(prompt), report, rendered))
@@ -193,9 +193,7 @@ class FakeEngineService:
             self._finish(request, ReplyFailure(FailureKind.ERROR, "no model is loaded"))
             return
         script = self.script
-        prompt, rendered = _prompt(request.path)
-        if request.resume is not None:  # the reply so far is part of what is read
-            prompt += _message_tokens(request.resume)[:-CLOSING]
+        prompt, rendered = _prompt(request.path, request.resume)
         n_ctx = self._settings.n_ctx
         if len(prompt) >= n_ctx and request.overflow is Overflow.STOP:
             error = ContextOverflowError(len(prompt), n_ctx)
@@ -308,9 +306,11 @@ def _message_tokens(view: NodeView) -> tuple[int, ...]:
     return (*(0,) * OPENING, *tokenize(view.text), *(0,) * CLOSING)
 
 
-def _prompt(path: tuple[NodeView, ...]) -> tuple[tuple[int, ...], Rendered]:
-    """The path's prompt tokens, and the tokens rendered now for nodes that had none (they keep
-    them, as with the real engine)."""
+def _prompt(path: tuple[NodeView, ...], resume: NodeView | None = None
+            ) -> tuple[tuple[int, ...], Rendered]:
+    """The path's prompt tokens (with `resume`, the reply so far is part of what is read),
+    and the tokens rendered now for nodes that had none (they keep them, as with the real
+    engine)."""
     prompt: list[int] = []
     rendered: list[tuple[int, tuple[int, ...]]] = []
     for view in path:
@@ -318,7 +318,10 @@ def _prompt(path: tuple[NodeView, ...]) -> tuple[tuple[int, ...], Rendered]:
         if view.tokens is None:
             rendered.append((view.id, tokens))
         prompt.extend(tokens)
-    return (*prompt, *(0,) * OPENING), tuple(rendered)
+    prompt.extend((0,) * OPENING)
+    if resume is not None:
+        prompt.extend(_message_tokens(resume)[:-CLOSING])
+    return tuple(prompt), tuple(rendered)
 
 
 def _common_prefix(a: tuple[int, ...], b: tuple[int, ...]) -> int:

@@ -149,7 +149,8 @@ class Replies(QObject):
         self._exports: list[str] = []  # session files the engine is writing (their paths)
         self._request_ids = itertools.count(1)
         self.prepare_started = 0.0  # when the reply in progress was sent (monotonic)
-        self._warmed_path: tuple[int, ...] | None = None  # what the last warm-up prepared
+        # What the last warm-up prepared: (conversation, path's ids, the reply it continues).
+        self._warmed: tuple[int, tuple[int, ...], int | None] | None = None
         self._warm_timer = QTimer(self, singleShot=True, interval=WARM_DELAY_MS)
         self._warm_timer.timeout.connect(self._warm_now)
         engine.received.connect(self.on_event)
@@ -233,7 +234,7 @@ class Replies(QObject):
         request_id = next(self._request_ids)
         self.streaming = Streaming(request_id, run, time.monotonic())
         self._warm_timer.stop()
-        self._warmed_path = None
+        self._warmed = None
         self.claiming.emit()  # at once: an API reply's stop goes out before this request
         self.engine.send(run.request(
             request_id, max_tokens=settings.max_tokens,
@@ -282,7 +283,7 @@ class Replies(QObject):
                 self.model = event
                 self.gpu = event.gpu
                 self._deaths = 0
-                self._warmed_path = None  # a new context holds nothing
+                self._warmed = None  # a new context holds nothing
                 self.model_changed.emit()
                 self.model_ready.emit()
                 if self.streaming is None and not self._run_pending_edit():
@@ -463,7 +464,7 @@ class Replies(QObject):
                                  tool_format=changed.tool_format)
             self.model_changed.emit()
         self.template_changed.emit(changed.description)
-        self._warmed_path = None  # the next prompt's opening may render differently now
+        self._warmed = None  # the next prompt's opening may render differently now
         self.schedule_warm()
 
     # --- warm-ups: the likely next prompt, prepared while the user reads ----------------------
@@ -482,16 +483,17 @@ class Replies(QObject):
         if (self.model is None or self.streaming is not None or cid is None
                 or not self.engine.running):  # closed: the store may be closed too
             return
-        path = self.controller.conversations[cid].warm_path(self.editing)
-        key = (cid, *(node.id for node in path))
-        if not path or key == self._warmed_path:
+        path, resume = self.controller.conversations[cid].warm_target(self.editing)
+        key = (cid, tuple(node.id for node in path), resume.id if resume is not None else None)
+        if not path or key == self._warmed:
             return
-        self._warmed_path = key
+        self._warmed = key
         self.ready.emit(0)  # a "ready" shown was about another branch
         settings = self.controller.overrides(cid).apply(self.controller.settings)
         self.engine.send(WarmRequest(self.engine.epoch(), cid,
                                      tuple(NodeView.of(node) for node in path),
-                                     settings.max_tokens, settings.overflow))
+                                     settings.max_tokens, settings.overflow,
+                                     resume=NodeView.of(resume) if resume is not None else None))
 
     def _on_warmed(self, warmed: Warmed) -> None:
         if not warmed.done:

@@ -5,7 +5,10 @@ cases, in the order a user might do them on one conversation:
 
   edit the last user message (changed in its middle), regenerate the last reply, edit the
   first user message, switch back to the original branch and send, continue an interrupted
-  reply, and send after a warm-up (what the app does while the user reads or types).
+  reply, and send after a warm-up (what the app does while the user reads or types; it
+  warms before the continue too). The reply to continue is cut by `max_tokens`, so it is
+  complete, not interrupted: the warm-up before it prepares the branch, not the continue
+  (Conversation.warm_target), and the continue decodes the reply's tokens.
 
 Each case is one measured reply. Arbor runs the whole session as one replay scenario; the
 llama-cpp-python peers run the same operations as a chat app on their API performs them.
@@ -117,6 +120,7 @@ class Conversation:
             {"op": "switch", "message": 0, "variant": 0},
             {"op": "send", "text": AFTER_SWITCH, "max_tokens": REPLY_TOKENS},
             {"op": "send", "text": TO_INTERRUPT, "max_tokens": INTERRUPTED_AT},
+            {"op": "warm"},  # as the app does while the user reads the reply
             {"op": "continue", "max_tokens": REPLY_TOKENS},
             {"op": "warm"},
             {"op": "send", "text": AFTER_WARM, "max_tokens": REPLY_TOKENS},
@@ -128,7 +132,7 @@ class Conversation:
 # Replay step index -> case (see Conversation.scenario), and the step of the setup's last send.
 MEASURED: dict[int, Case] = {
     TURNS: Case.EDIT_LAST, TURNS + 1: Case.REGENERATE, TURNS + 2: Case.EDIT_EARLY,
-    TURNS + 4: Case.SWITCH_BACK, TURNS + 6: Case.CONTINUE, TURNS + 8: Case.WARM_SEND,
+    TURNS + 4: Case.SWITCH_BACK, TURNS + 7: Case.CONTINUE, TURNS + 9: Case.WARM_SEND,
 }
 SETUP_LAST = TURNS - 1
 # The new message of each case, whose tokens the decode target allows (None: nothing new).

@@ -217,15 +217,28 @@ class Conversation:
     def warm_path(self, editing: int | None = None) -> list[Node]:
         """What the next prompt will most likely start with, to prepare while the user reads:
         the parent of the message being edited, or the active branch (its last reply is then
-        decoded again in one batch). Nothing when the branch ends in an unfinished reply (it
-        is continued from its own open tokens)."""
+        decoded again in one batch). Nothing when the branch ends in an unfinished reply
+        (`warm_target` prepares its continuation)."""
+        path, resume = self.warm_target(editing)
+        return path if resume is None else []
+
+    def warm_target(self, editing: int | None = None) -> tuple[list[Node], Node | None]:
+        """What to prepare while the user reads, as (path, resume): `warm_path`'s path with
+        no resume, or, where the active branch ends in an interrupted reply after complete
+        messages, the path to its parent and that reply, to prepare exactly the prompt that
+        continues it (Generator.warm), so Continue decodes nothing. A streaming reply is
+        never warmed; nothing to warm is ([], None)."""
         if editing is not None and editing in self.tree:
             parent = self.tree.node(editing).parent
-            return self.tree.path_to(parent) if parent is not None else []
+            return (self.tree.path_to(parent) if parent is not None else []), None
         path = self.tree.active_path()
-        if any(node.status is not NodeStatus.COMPLETE for node in path):
-            return []
-        return path
+        *before, leaf = path
+        if all(node.status is NodeStatus.COMPLETE for node in before):
+            if leaf.status is NodeStatus.COMPLETE:
+                return path, None
+            if leaf.status is NodeStatus.INTERRUPTED and leaf.role is Role.ASSISTANT and before:
+                return before, leaf
+        return [], None
 
     # --- navigation -------------------------------------------------------------------------
 

@@ -130,22 +130,26 @@ class Generator:
         """Bring the context to the prompt for a reply after `path` (or for more of
         `resume`, a reply whose parent is path[-1]) by the cheapest valid plan that uses
         only `scope`'s state (engine.storage.checkpoints: scopes)."""
-        marks = self.prompts.marks(path)
         if resume is None:
+            target, marks = self.prompts.target(path), self.prompts.marks(path)
             before: list[int] = []
-            base_text = ""
-            target = self.prompts.target(path)
         else:
-            opened = self.prompts.open_reply_tokens(path, resume)
+            target, marks, opened = self._continuation(path, resume)
             before = opened[len(self.prompts.generation_prompt(path)):]
-            base_text = resume.text
-            target = self.prompts.path_tokens(path) + opened
-            opening = self.prompts.reply_opening(opened)
-            if opening is not None:  # as the finished reply will mark it (PromptBuilder.marks)
-                marks.append(marks[-1] + opening)
         report = self._prepare(list(path), target, marks, on_progress, cancel, on_plan, scope,
                                prompt_follows=resume is None)
-        return Prepared(report, tuple(before), base_text)
+        return Prepared(report, tuple(before), resume.text if resume is not None else "")
+
+    def _continuation(self, path: Sequence[Node], resume: Node
+                      ) -> tuple[list[int], list[int], list[int]]:
+        """The target and marks that continue `resume` (a reply to path[-1]): the path, then
+        the reply's open tokens (PromptBuilder.open_reply_tokens, also returned)."""
+        marks = self.prompts.marks(path)
+        opened = self.prompts.open_reply_tokens(path, resume)
+        opening = self.prompts.reply_opening(opened)
+        if opening is not None:  # as the finished reply will mark it (PromptBuilder.marks)
+            marks.append(marks[-1] + opening)
+        return self.prompts.path_tokens(path) + opened, marks, opened
 
     def fit(
         self,
@@ -159,8 +163,8 @@ class Generator:
     ) -> Cut:
         """Which nodes of `path` the model reads for a reply (`engine.core.overflow`). Every node
         gets its tokens first, rendered after the whole path, so a node's tokens never depend
-        on what is left out. `tail`: count the reply's prompt (False for a warm-up, which
-        prepares the path alone).
+        on what is left out. `tail`: count the reply's prompt (False for a warm-up of the path
+        alone, which prepares no generation prompt).
 
         Under `Overflow.STOP` the rendering stops as soon as the path is known not to fit
         (`ContextOverflowError`, counting the tokens found so far), so a path far longer than
@@ -184,13 +188,17 @@ class Generator:
         self,
         path: Sequence[Node],
         *,
+        resume: Node | None = None,
         cancel: CancelFn | None = None,
         max_tokens: int = 512,
         overflow: Overflow = Overflow.STOP,
         scope: str = "",
     ) -> PrepareReport | None:
         """Prepare what the next prompt will start with: `path` itself, batched (under
-        `Overflow.DROP_OLDEST`, the part of it a reply would read now).
+        `Overflow.DROP_OLDEST`, the part of it a reply would read now). With `resume` (an
+        unfinished reply to path[-1]), exactly the prompt that continues it: the part of
+        the path and the target `run_reply(..., resume=resume)` would prepare, with the
+        logits of its last token, so the Continue that follows decodes nothing.
 
         Done while the user reads or types, so that Send decodes only the new message. After
         a reply this re-decodes the reply in one batch (its one-token decode is not the
@@ -200,21 +208,24 @@ class Generator:
         if not self.use_cache:
             return None  # every prompt is decoded from scratch anyway
         try:
-            cut = self.fit(path, max_tokens=max_tokens, overflow=overflow, tail=False,
-                           cancel=cancel)
+            cut = self.fit(path, resume=resume, max_tokens=max_tokens, overflow=overflow,
+                           tail=resume is not None, cancel=cancel)
         except ContextOverflowError:
             return None  # the real request will say it does not fit
         path = read_part(path, cut)
-        target = self.prompts.path_tokens(path)
-        marks = self.prompts.marks(path)
+        if resume is None:
+            target, marks = self.prompts.path_tokens(path), self.prompts.marks(path)
+        else:
+            target, marks, _ = self._continuation(path, resume)
         runtime = self.runtime
         if not target or len(target) >= runtime.n_ctx:
             return None  # nothing to warm, or the real request will say it does not fit
         held = runtime.live_tokens[: runtime.canonical_tokens]
-        if runtime.live_scope == scope and list(held) == target and runtime.schedule(
-            len(target), marks
-        ).agrees(runtime.live_bounds):
-            return None
+        schedule = runtime.schedule(len(target), marks)
+        if runtime.live_scope == scope and list(held) == target and schedule.agrees(
+            runtime.live_bounds
+        ) and (resume is None or runtime.live_reuse(target, schedule) == len(target)):
+            return None  # a continue also needs the last token's logits, kept
         report = self._prepare(list(path), target, marks, None, cancel, None, scope)
         runtime.flush_capture()  # no reply follows: keep the branch's checkpoint now
         return report

@@ -330,18 +330,20 @@ class EngineClient:
     def next_id(self) -> int:
         return next(self._ids)
 
-    def warm(self, path: Sequence[Node], *, max_tokens: int = 512,
+    def warm(self, path: Sequence[Node], *, resume: Node | None = None, max_tokens: int = 512,
              overflow: Overflow = Overflow.STOP, conversation_id: int = 0,
              idle: Callable[[], bool] | None = None, scope: str = ""
              ) -> tuple[ReplyReport | None, Rendered]:
-        """Prepare `path` for `scope` (see Generator.warm): what it did, and the tokens it
-        rendered. With `idle`, only while it holds (a request that comes first makes the
-        warm-up stale; it stops within a chunk)."""
+        """Prepare `path` for `scope` (with `resume`, the prompt that continues that reply
+        to path[-1]; see Generator.warm): what it did, and the tokens it rendered. With
+        `idle`, only while it holds (a request that comes first makes the warm-up stale; it
+        stops within a chunk)."""
         if not path:
             return None, ()
         warmed = self.call(WarmRequest(
             self.epoch(), conversation_id, tuple(NodeView.of(node) for node in path),
-            max_tokens, overflow, scope), lambda e: isinstance(e, Warmed), idle)
+            max_tokens, overflow, scope, NodeView.of(resume) if resume is not None else None),
+            lambda e: isinstance(e, Warmed), idle)
         if not isinstance(warmed, Warmed) or not warmed.done:
             return None, ()
         return warmed.report, warmed.rendered

@@ -225,7 +225,9 @@ class EngineService:
         path = _keyed(request.conversation_id, request.path)
         untokenized = {node.id for node in path if node.tokens is None}
         try:
-            prepared = generator.warm(path, cancel=stale, max_tokens=request.max_tokens,
+            prepared = generator.warm(path, resume=_resumed(request.conversation_id,
+                                                            request.resume),
+                                      cancel=stale, max_tokens=request.max_tokens,
                                       overflow=request.overflow, scope=request.scope)
         except Cancelled:
             log.debug("warm-up pre-empted")
@@ -295,8 +297,7 @@ class EngineService:
         try:
             result = run_reply(
                 generator, path,
-                resume=(request.resume.to_node(node_key(conversation, request.resume.id))
-                        if request.resume is not None else None),
+                resume=_resumed(conversation, request.resume),
                 max_tokens=request.max_tokens, seed=request.seed, on_plan=on_plan,
                 on_progress=on_progress, on_piece=on_piece, on_opened=on_opened,
                 cancel=lambda: self.control.stop_requested(request.request_id),
@@ -412,6 +413,11 @@ def _options_of(settings: Settings, model: str) -> EngineOptions:
 def _keyed(conversation_id: int, path: tuple[NodeView, ...]) -> list[Node]:
     """The engine's copies of a request's nodes, keyed by (conversation, node)."""
     return [view.to_node(node_key(conversation_id, view.id)) for view in path]
+
+
+def _resumed(conversation_id: int, view: NodeView | None) -> Node | None:
+    """The engine's copy of the reply a request continues, keyed as its path's nodes."""
+    return view.to_node(node_key(conversation_id, view.id)) if view is not None else None
 
 
 def _local(keyed: Rendered) -> Rendered:

@@ -80,7 +80,9 @@ class ConfigureRequest:
 
 @dataclass(frozen=True)
 class WarmRequest:
-    """Prepare `path` (ending with a complete message) while nothing else runs.
+    """Prepare `path` (ending with a complete message) while nothing else runs; with
+    `resume`, the prompt that continues that unfinished reply to path[-1] (as a
+    GenerateRequest with that `resume` would prepare it).
 
     `epoch` is the engine's real-request count when this was sent: any real request sent
     since makes it stale, and a stale warm-up stops at once (within a chunk)."""
@@ -91,6 +93,7 @@ class WarmRequest:
     max_tokens: int = 512  # with `overflow`: which part of the path a reply would read
     overflow: Overflow = Overflow.STOP
     scope: str = ""  # whose state it prepares: "" the window's
+    resume: NodeView | None = None  # the reply a Continue would go on with
 
 
 @dataclass(frozen=True)

@@ -168,10 +168,12 @@ class Session:
 
     def warm(self, options: GenerationOptions | None = None) -> StepReport:
         """What the app does while the user reads: prepare the likely next prompt, so the
-        next message decodes only itself (see Generator.warm)."""
+        next message decodes only itself, or a Continue of an interrupted reply nothing
+        (see Generator.warm)."""
         max_tokens = (options or GenerationOptions()).max_tokens
-        report, tokens = self.engine.warm(self.conversation.warm_path(),
-                                          max_tokens=max_tokens, overflow=self.overflow)
+        path, resume = self.conversation.warm_target()
+        report, tokens = self.engine.warm(path, resume=resume, max_tokens=max_tokens,
+                                          overflow=self.overflow)
         self._keep(self.conversation.adopt_tokens(tokens))
         return StepReport(op="warm", node_id=self.tree.active_leaf, report=report)
 

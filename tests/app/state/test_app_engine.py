@@ -18,11 +18,11 @@ from app.dialogs.model_picker import Column, ModelPicker
 from app.dialogs.settings_dialog import SettingsDialog
 from app.window.main_window import MainWindow
 from engine.config.settings import Effect, Settings, load_settings
-from engine.core.tree import Role
+from engine.core.tree import NodeStatus, Role
 from engine.files.paths import data_dirs
 from engine.llm.generator import Generator
 from engine.llm.llama import FlashAttention
-from engine.service.protocol import Warmed
+from engine.service.protocol import Warmed, WarmRequest
 from engine.storage.database import StoreWriteError
 from engine.storage.store import Store
 from engine.storage.transfer import FileFormat
@@ -214,15 +214,21 @@ def _sidebar_texts(win: MainWindow) -> list[str]:
     return [win.sidebar.list.item(i).text() for i in range(win.sidebar.list.count())]
 
 
+def _send_held(qtbot: QtBot, win: MainWindow, script: Script, text: str) -> None:
+    """Send `text` and return once its reply shows its first word: the fake engine holds
+    the rest until the reply is stopped."""
+    script.hold = True
+    win.composer.setPlainText(text)
+    with qtbot.waitSignal(win.text_shown, timeout=TIMEOUT):
+        qtbot.keyClick(win.composer, Qt.Key.Key_Return)
+
+
 def test_a_reply_streams_into_its_own_conversation_while_another_is_open(
     qtbot: QtBot, fake_window: MainWindow, fake_engine: Script
 ) -> None:
     send(qtbot, fake_window, "Hello")
     first = fake_window.current or 0
-    fake_engine.hold = True  # the reply streams until it is stopped
-    fake_window.composer.setPlainText("Tell me a long story")
-    with qtbot.waitSignal(fake_window.text_shown, timeout=TIMEOUT):
-        qtbot.keyClick(fake_window.composer, Qt.Key.Key_Return)
+    _send_held(qtbot, fake_window, fake_engine, "Tell me a long story")
     fake_window.controller.new_conversation()  # browse elsewhere while it answers
     second = fake_window.current
     assert second != first and fake_window.chat.model().rowCount() == 0
@@ -239,14 +245,34 @@ def test_a_reply_streams_into_its_own_conversation_while_another_is_open(
     assert not any(text.endswith("●") for text in marked)
 
 
+def test_after_a_stop_the_engine_warms_the_continue_and_continue_decodes_nothing(
+    qtbot: QtBot, fake_window: MainWindow, fake_engine: Script
+) -> None:
+    send(qtbot, fake_window, "Hello")
+    _send_held(qtbot, fake_window, fake_engine, "Tell me a long story")
+    reply = fake_window.tree.node(fake_window.tree.active_leaf)
+    asked = reply.parent
+    # The warm-up for the continue ends with the message the reply answers (one of the
+    # branch before it, already on its way, ends with the first reply).
+    with qtbot.waitSignal(fake_window.warmed, timeout=TIMEOUT,
+                          check_params_cb=lambda warmed: warmed.last_node == asked):
+        fake_window.replies.stop()
+    assert reply.status is NodeStatus.INTERRUPTED and reply.text == "You"
+    warm = [r for r in fake_engine.requests if isinstance(r, WarmRequest)][-1]
+    assert warm.resume is not None and warm.resume.id == reply.id
+    assert warm.resume.text == reply.text and warm.path[-1].id == asked
+    with qtbot.waitSignal(fake_window.reply_finished, timeout=TIMEOUT):
+        fake_window.controller.continue_reply()
+    done = fake_window.replies.last_reply
+    assert done is not None and done.decoded_tokens == 0 and done.reused_tokens > 0
+    assert reply.status is NodeStatus.COMPLETE and reply.text.startswith("You ")
+
+
 def test_an_edit_sent_during_a_reply_stops_it_and_is_answered(
     qtbot: QtBot, fake_window: MainWindow, fake_engine: Script
 ) -> None:
     send(qtbot, fake_window, "First question")
-    fake_engine.hold = True  # the reply streams until it is stopped
-    fake_window.composer.setPlainText("Second question, with a long answer")
-    with qtbot.waitSignal(fake_window.text_shown, timeout=TIMEOUT):
-        qtbot.keyClick(fake_window.composer, Qt.Key.Key_Return)
+    _send_held(qtbot, fake_window, fake_engine, "Second question, with a long answer")
     interrupted = fake_window.tree.node(fake_window.tree.active_leaf)
     assert interrupted.text == "You"  # streamed so far: the engine holds the rest
     first = fake_window.tree.message(0)

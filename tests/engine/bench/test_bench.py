@@ -67,6 +67,7 @@ def test_the_scenario_measures_each_case_on_the_operation_it_names() -> None:
     by_case = {case: i for i, case in MEASURED.items()}
     assert ops[by_case[Case.SWITCH_BACK] - 1] == "switch"
     assert ops[by_case[Case.WARM_SEND] - 1] == "warm"
+    assert ops[by_case[Case.CONTINUE] - 2: by_case[Case.CONTINUE]] == ["send", "warm"]
     assert scenario.steps[by_case[Case.EDIT_EARLY]].message == 0
     assert set(MEASURED.values()) == set(Case)
 

@@ -52,6 +52,25 @@ def test_continue_resumes_a_reply_or_answers_a_rewound_user_message() -> None:
     assert conv.continue_reply().reply == ReplyJob(ids[2])
 
 
+def test_the_warm_up_continues_an_interrupted_reply_and_never_a_streaming_one() -> None:
+    conv, ids = _chat()
+    tree = conv.tree
+    assert conv.warm_target() == (tree.active_path(), None)  # the branch, for the next Send
+    assert conv.warm_target(ids[2]) == (tree.path_to(ids[1]), None)  # before the edited one
+    reply = tree.node(ids[3])
+    reply.status = NodeStatus.INTERRUPTED  # stopped: Continue is next, prepared exactly
+    assert conv.warm_target() == (tree.path_to(ids[2]), reply)
+    assert conv.warm_path() == []  # the path alone: it does not end in a complete message
+    reply.status = NodeStatus.STREAMING  # still being written: nothing to prepare
+    assert conv.warm_target() == ([], None) and conv.warm_path() == []
+    reply.status = NodeStatus.INTERRUPTED
+    tree.node(ids[1]).status = NodeStatus.INTERRUPTED  # an earlier reply unfinished
+    assert conv.warm_target() == ([], None)
+    tree.node(ids[1]).status = NodeStatus.COMPLETE
+    conv.rewind(ids[2])  # a user message at the leaf: its first reply comes next
+    assert conv.warm_target() == (tree.path_to(ids[2]), None)
+
+
 def test_delete_and_undo_put_the_branch_back_where_it_was() -> None:
     conv, ids = _chat()
     change = conv.delete_branch(ids[2])

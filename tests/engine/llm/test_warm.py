@@ -7,16 +7,19 @@ from pathlib import Path
 
 import pytest
 
+from engine.core.conversation import Conversation
 from engine.core.errors import Cancelled
 from engine.core.memory import MemoryKind
 from engine.core.results import Reuse, Source
-from engine.core.tree import Role, Tree
+from engine.core.tree import Node, NodeStatus, Role, Tree
 from engine.llm.generator import Generator
 from engine.llm.llama import SamplingParams
+from engine.llm.reply import run_reply
 from engine.storage.checkpoints import CheckpointStore
 from tests.conftest import ALL_KINDS, RuntimeFactory
 
 SAMPLING = SamplingParams(temperature=0.8)
+GREEDY = SamplingParams(temperature=0.0)
 
 
 def _reply(generator: Generator, tree: Tree, parent: int, seed: int) -> tuple[int, str, int]:
@@ -117,3 +120,46 @@ def test_prepare_reports_its_plan_before_decoding(
     assert plans == [report.reuse]
     assert report.source is Source.CHECKPOINT  # the recurrent state restored at the prompt end
     assert progress[-1] == (report.decoded_tokens, report.decoded_tokens)
+
+
+def _interrupted(generator: Generator) -> tuple[Conversation, Node]:
+    """A conversation whose reply was stopped after three pieces, as the app keeps it."""
+    conversation = Conversation(Tree("You are terse."))
+    job = conversation.send("Tell me a long story about rivers.").reply
+    assert job is not None
+    start = conversation.start_reply(job)
+    pieces: list[str] = []
+    result = run_reply(generator, start.path, max_tokens=40, seed=3, on_piece=pieces.append,
+                       cancel=lambda: len(pieces) >= 3)
+    conversation.finish_reply(start.reply.id, result)
+    assert start.reply.status is NodeStatus.INTERRUPTED
+    return conversation, start.reply
+
+
+@pytest.mark.parametrize("kind", ALL_KINDS, ids=lambda k: k.value)
+def test_a_warmed_continue_decodes_nothing_and_equals_a_cold_continue(
+    kind: MemoryKind, tiny_models: dict[str, Path], make_runtime: RuntimeFactory
+) -> None:
+    runtime = make_runtime(tiny_models[kind.value], n_ctx=1024, n_batch=16)
+    generator = Generator(runtime, sampling=GREEDY,
+                          checkpoints=CheckpointStore(runtime.identity()))
+    conversation, reply = _interrupted(generator)
+    path, resume = conversation.warm_target()
+    assert resume is reply and path == conversation.tree.path_to(reply.parent or 0)
+    report = generator.warm(path, resume=resume)
+    assert report is not None and report.decoded_tokens > 0  # the reply's tokens, batched
+    assert generator.warm(path, resume=resume) is None  # nothing left to do
+
+    job = conversation.continue_reply().reply
+    assert job is not None
+    start = conversation.start_reply(job)
+    warmed = run_reply(generator, start.path, resume=start.resume, max_tokens=8, seed=5)
+    assert warmed.report.decoded_tokens == 0
+    assert warmed.report.reused_tokens == warmed.report.prompt_tokens == report.prompt_tokens
+
+    cold = Generator(make_runtime(tiny_models[kind.value], n_ctx=1024, n_batch=16),
+                     sampling=GREEDY, use_cache=False)
+    fresh = run_reply(cold, start.path, resume=start.resume, max_tokens=8, seed=5)
+    assert fresh.report.decoded_tokens == fresh.report.prompt_tokens
+    assert (warmed.tokens, warmed.text) == (fresh.tokens, fresh.text)
+    assert len(warmed.tokens) > len(reply.tokens or ())  # it went on

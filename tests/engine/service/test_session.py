@@ -21,10 +21,13 @@ def _stop_after(n: int) -> GenerationOptions:
     return GenerationOptions(max_tokens=40, on_text=seen.append, cancel=lambda: len(seen) >= n)
 
 
+@pytest.mark.parametrize("warm", [False, True], ids=["cold", "warmed"])
 @pytest.mark.parametrize("kind", ALL_KINDS, ids=lambda k: k.value)
 def test_an_interrupted_reply_continues_exactly_as_a_full_reprocess_would(
-    kind: MemoryKind, tiny_models: dict[str, Path]
+    kind: MemoryKind, warm: bool, tiny_models: dict[str, Path]
 ) -> None:
+    """With a warm-up between the stop and the Continue (the app's, while the user reads),
+    the Continue decodes nothing; without one, it decodes the reply's tokens again."""
     texts = []
     for use_cache in (True, False):
         runtime = Runtime(tiny_models[kind.value], RuntimeSettings(n_ctx=1024, n_batch=32))
@@ -38,12 +41,17 @@ def test_an_interrupted_reply_continues_exactly_as_a_full_reprocess_would(
             assert reply.status is NodeStatus.INTERRUPTED and stopped.report is not None
             assert stopped.report.generated_tokens == 3
             partial = reply.text
+            if warm:
+                warmed = session.warm(GenerationOptions(max_tokens=8))
+                assert (warmed.report is not None) == use_cache  # the reference warms nothing
             resumed = session.resume(reply.id, GenerationOptions(max_tokens=8))
             assert resumed.node_id == reply.id
             assert reply.text.startswith(partial) and len(reply.text) > len(partial)
             assert reply.status is NodeStatus.COMPLETE
+            assert resumed.report is not None
             if use_cache:
-                assert resumed.report is not None and resumed.report.reused_tokens > 0
+                assert resumed.report.reused_tokens > 0
+                assert (resumed.report.decoded_tokens == 0) == warm
             session.send("And then?", GenerationOptions(max_tokens=6))
             texts.append([n.text for n in session.tree.messages()])
         finally:
