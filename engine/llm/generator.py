@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 
 from engine.config.params import SamplingParams
 from engine.core.errors import ContextOverflowError
+from engine.core.memory import MemoryKind
 from engine.core.overflow import Cut, Overflow, fit, read_part, reply_room
 from engine.core.prompt import BuiltinTemplate, ChatTemplate, PromptBuilder, Template, Tokenizer
 from engine.core.reasoning import OPENED, opens_reasoning, reasoning_closer
@@ -319,8 +320,11 @@ class Generator:
                              and self.prompts.replies_keep_opening)
         partial = runtime.partial_states
         room = _inner_room(store, partial=partial)
+        # A hybrid's partial state is its recurrent part, small whatever the context (0.3 MB
+        # on the bench model); a window model's is its window cache (16 MB on Gemma 3 270M).
+        cheap = partial and kind is MemoryKind.HYBRID
         inner = set(plan_inner(kind, schedule, ends, runtime.grid, most=min(INNER_MOST, room),
-                               partial=partial)[-room:] if room else ())
+                               cheap=cheap)[-room:] if room else ())
         inner -= set(planned)
         # A candidate of that length holds exactly that state.
         saves = [n for n in sorted({*planned, *inner}) if n not in saved]

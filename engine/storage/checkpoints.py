@@ -208,8 +208,8 @@ def plan_saves(
 # state: on the sliding-window model each one settles the cache, and a whole hybrid state at
 # 8k tokens of context is 33 MB (22-100 ms); a 300-token turn took four, paid before every new
 # turn's first token to spare an edit inside it at most 300 tokens of decode. Where captures
-# are partial (a hybrid's recurrent part: 0.3 MB, under a millisecond; a window's cells) two
-# grid steps suffice.
+# are a hybrid's partial states (its recurrent part: 0.3 MB, under a millisecond) two grid
+# steps suffice; a window model's partial state is its window cache, 16 MB on Gemma 3 270M.
 LONG_MESSAGE = 512
 INNER_MOST = 16
 
@@ -221,7 +221,7 @@ def plan_inner(
     grid: int,
     *,
     most: int = INNER_MOST,
-    partial: bool = False,
+    cheap: bool = False,
 ) -> list[int]:
     """Inner checkpoints: grid points inside long messages, for the kinds that cannot cut
     their cache back (recurrent, hybrid, sliding window).
@@ -232,8 +232,8 @@ def plan_inner(
     decodes at most a step plus the rest of the message. The step is the grid, or a
     multiple of it so that one message gets at most `most` (the caller sizes `most` by the
     memory it may use); a message shorter than LONG_MESSAGE tokens (or two grid steps) gets
-    none, so a normal message costs no capture more, unless the captures are `partial`
-    states (cheap): then two grid steps are long enough. Like `plan_saves`, the answer
+    none, so a normal message costs no capture more, unless the captures are `cheap` (a
+    hybrid's partial states): then two grid steps are long enough. Like `plan_saves`, the answer
     depends on the schedule (and `most`) alone; the store keeps these in the room the other
     checkpoints leave and evicts them first (`CheckpointStore.add`).
     """
@@ -244,7 +244,7 @@ def plan_inner(
     out: list[int] = []
     for start, stop in itertools.pairwise(bounds):
         span = stop - start
-        if span < (2 * grid if partial else max(LONG_MESSAGE, 2 * grid)):
+        if span < (2 * grid if cheap else max(LONG_MESSAGE, 2 * grid)):
             continue
         step = grid * max(1, -(-span // (grid * most)))
         first = (start // step + 1) * step

@@ -140,6 +140,10 @@ def test_inner_checkpoints_sit_on_the_grid_inside_long_messages(kind: MemoryKind
         assert LONG_MESSAGE == 512
         assert inner == [128, 192, 256, 320, 384, 448, 512, 576, 640]
         assert set(inner) <= set(schedule.ends)
+        # Where captures are cheap (a hybrid's partial states), the 300-token turn gets them
+        # too: two grid steps suffice.
+        cheap = plan_inner(kind, schedule, node_ends, 64, cheap=True)
+        assert cheap == [*inner, 768, 832, 896, 960]
 
 
 def test_a_very_long_message_gets_a_bounded_number_of_inner_checkpoints() -> None:
