@@ -25,3 +25,27 @@ def fresh_logits(
     report = runtime.prepare(target, marks=marks, use_live=False)
     assert report.reused_tokens == 0
     return runtime.last_logits()
+
+
+class InsideSecondChunk:
+    """A cancel check that lets the first chunk complete and the check before the second
+    pass, then says stop from inside llama.cpp's decode of the second (its abort
+    callback): pass `progress` as on_progress and the object as cancel."""
+
+    def __init__(self) -> None:
+        self.first_done = False
+        self.after = 0  # calls since the first chunk completed
+
+    def progress(self, done: int, _total: int) -> None:
+        self.first_done = self.first_done or done > 0
+
+    def __call__(self) -> bool:
+        if not self.first_done:
+            return False
+        self.after += 1
+        return self.after > 1  # the first is the check between chunks
+
+    @property
+    def aborted_inside(self) -> bool:
+        """Whether the abort callback, not the check between chunks, stopped it."""
+        return self.after > 1

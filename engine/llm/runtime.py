@@ -154,6 +154,13 @@ class Runtime:
             self.memory_kind is MemoryKind.HYBRID and self.n_swa == 0)
         self._settled = False
         self._scratch: bytearray | None = None  # where settles that keep nothing save
+        # A saved state of the first n live tokens, (n, blob, size, flags): what brings a
+        # cache that cannot roll an aborted chunk back (recurrent, hybrid, window) back to
+        # the live prefix, so a pre-empted warm-up keeps what it decoded. A settle's or a
+        # restore's blob where there is one, else captured into `_rescue_buf` before each
+        # chunk that can be aborted (a hybrid's recurrent part: 0.1 ms).
+        self._rescue: tuple[int, bytes | bytearray, int, int] | None = None
+        self._rescue_buf: bytearray | None = None
         # Whose requests the live state was prepared for (engine.storage.checkpoints: scopes): only
         # a prepare for the same scope reuses it, and its checkpoints carry it.
         self._live_scope = ""
@@ -272,6 +279,7 @@ class Runtime:
         self._live = []
         self._bounds = []
         self._settled = False
+        self._rescue = None
         self._end = None
         self._stale = True
 
@@ -359,6 +367,7 @@ class Runtime:
         self._bounds = list(checkpoint.bounds)
         self._live_scope = checkpoint.scope
         self._settled = True  # loaded into a cleared cache: laid out from cell 0
+        self._keep_rescue(checkpoint)
         if checkpoint.logits is not None:
             logits = np.frombuffer(checkpoint.logits, dtype="<f4")  # a read-only view
             self._end = (checkpoint.n_tokens, logits)
@@ -393,6 +402,7 @@ class Runtime:
         del self._live[n:]
         self._bounds = list(checkpoint.bounds)
         self._settled = True  # the window's cells loaded from 0, the rest cut back in order
+        self._keep_rescue(checkpoint)
         self._stale = True
         self._end = None
         if checkpoint.logits is not None:
@@ -579,6 +589,8 @@ class Runtime:
                     raise Cancelled()
                 if self._settles and not self._settled and self._live:
                     self._settle_window()
+                if cancel is not None:
+                    self._save_rescue()
                 chunk = target[position:end]
                 self._stale = True
                 status = self.ctx.decode(chunk, position, want_logits=end == len(target))
@@ -627,6 +639,7 @@ class Runtime:
         else:
             self.ctx.clear()
             self._check_settle(None, 0, self._load_and_verify(checkpoint))
+        self._keep_rescue(checkpoint)
         return checkpoint
 
     def _settle_window(self) -> None:
@@ -636,6 +649,40 @@ class Runtime:
         back), and six of a 300-token turn's eight settles keep nothing."""
         self._scratch, size = self.ctx.state_into(self._scratch, PARTIAL_ONLY)
         self._check_settle(self.ctx.state_set(self._scratch, PARTIAL_ONLY, size=size), size)
+        self._rescue = (len(self._live), self._scratch, size, PARTIAL_ONLY)
+
+    def _keep_rescue(self, checkpoint: Checkpoint) -> None:
+        """The state just loaded or saved is the live prefix's: what an abort goes back to."""
+        if checkpoint.blob is not None and checkpoint.n_tokens == len(self._live):
+            self._rescue = (checkpoint.n_tokens, checkpoint.blob, checkpoint.size,
+                            checkpoint.flags)
+
+    def _save_rescue(self) -> None:
+        """Before a chunk that can be aborted: make sure `_rescue` holds the live prefix."""
+        n = len(self._live)
+        if (self.memory_kind is MemoryKind.DENSE or n == 0 or self.canonical_tokens != n
+                or (self._rescue is not None and self._rescue[0] == n)):
+            return
+        flags = PARTIAL_ONLY if self.partial_states else STATE_FLAGS
+        self._rescue_buf, size = self.ctx.state_into(self._rescue_buf, flags)
+        self._rescue = (n, self._rescue_buf, size, flags)
+
+    def _rescued(self) -> bool:
+        """After an aborted chunk: bring the cache back to the live prefix from `_rescue`."""
+        n = len(self._live)
+        if self._rescue is None or self._rescue[0] != n or n == 0:
+            return False
+        _, blob, size, flags = self._rescue
+        if flags & PARTIAL_ONLY:
+            ok = (self.ctx.state_set(blob, flags, size=size) == size
+                  and self.ctx.seq_rm(n, -1))
+        else:
+            self.ctx.clear()
+            ok = self.ctx.state_set(blob, flags, size=size) == size
+        if not ok or self._placed(n) is not None:
+            return False
+        self._settled = True  # laid out as the settle or restore that saved it left it
+        return True
 
     def _check_settle(self, read: int | None, size: int, problem: str | None = None) -> None:
         """After a settle's load: fail if llama.cpp refused its own state (a bug there)."""
@@ -682,8 +729,10 @@ class Runtime:
         self._stale = True
         if self.memory_kind is not MemoryKind.DENSE:
             # An aborted graph may have half-updated a recurrent state, and a sliding-window
-            # cache may have given cells of old positions to the rolled-back chunk: drop it.
-            self.clear()
+            # cache may have given cells of old positions to the rolled-back chunk: back to
+            # the state saved before it, or drop it all.
+            if not self._rescued():
+                self.clear()
             return
         if self.ctx.pos_max() + 1 != len(self._live):
             self.clear()

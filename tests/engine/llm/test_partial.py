@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from engine.bench.random_models import Quant
+from engine.core.errors import Cancelled
 from engine.core.memory import MemoryKind
 from engine.core.results import Source
 from engine.core.tree import Role, Tree
@@ -22,7 +23,7 @@ from engine.llm.llama import SamplingParams
 from engine.llm.runtime import Runtime
 from engine.storage.checkpoints import Checkpoint, CheckpointStore
 from tests.conftest import ALL_KINDS, RuntimeFactory
-from tests.helpers import fresh_logits, random_tokens
+from tests.helpers import InsideSecondChunk, fresh_logits, random_tokens
 
 GREEDY = SamplingParams(temperature=0.0)
 MARKS = [64, 128]  # two messages end there
@@ -111,6 +112,28 @@ def test_a_damaged_partial_checkpoint_is_dropped_and_the_next_candidate_serves(
     assert report.failed_checkpoints == (truncated.id,)
     assert (report.source, report.reused_tokens, report.checkpoint_id) == (
         Source.CHECKPOINT, 64, early.id)
+    assert np.array_equal(runtime.last_logits(), fresh_logits(runtime, edited, MARKS))
+
+
+@pytest.mark.parametrize("kind", PARTIAL_KINDS, ids=lambda k: k.value)
+def test_an_aborted_chunk_keeps_the_live_prefix_and_the_partial_checkpoints_on_it(
+    kind: MemoryKind, tiny_models: dict[str, Path], make_runtime: RuntimeFactory
+) -> None:
+    """A warm-up pre-empted inside a chunk: the cache goes back to the state saved before
+    the chunk, so the live prefix, and every partial checkpoint it holds, stay usable."""
+    runtime = make_runtime(tiny_models[kind.value], n_ctx=1024, n_batch=64)
+    first = random_tokens(300)
+    _, partial = _decode_and_capture(runtime, first, 128)
+    cancel = InsideSecondChunk()
+    extended, marks = first + random_tokens(200, seed=5), [*MARKS, 300]
+    with pytest.raises(Cancelled):
+        runtime.prepare(extended, marks=marks, on_progress=cancel.progress, cancel=cancel)
+    assert cancel.aborted_inside
+    chunk_end = min(e for e in runtime.schedule(len(extended), marks).ends if e > 300)
+    assert runtime.live_tokens == tuple(extended[:chunk_end])  # the extension's first chunk
+    edited = first[:128] + random_tokens(70, seed=3)
+    report = runtime.prepare(edited, marks=MARKS, checkpoints=[partial])
+    assert (report.source, report.checkpoint_id) == (Source.CHECKPOINT, partial.id)
     assert np.array_equal(runtime.last_logits(), fresh_logits(runtime, edited, MARKS))
 
 
