@@ -50,6 +50,20 @@ TURN_WORDS = 240  # words per user message (a long roleplay turn: ~300 tokens)
 RECENT_TURNS = 3  # the turns before a length whose new-turn and swipe figures are reported
 EDIT_TEXT = "Start over, but this time tell it from the heron's side."
 RETURN_TEXT = "Back to the story as it was. What happens at the mill next?"
+PAUSE_S = 1.0  # between a reply and the next request: a user reading, choosing, typing
+
+
+class Refused(RuntimeError):
+    """The server answered a request with an error status (a prompt over its context)."""
+
+
+class SessionCut(Exception):
+    """A server refused a request: the session stops there, and keeps the lengths it
+    finished."""
+
+    def __init__(self, reason: str, measures: list[Measure]) -> None:
+        super().__init__(reason)
+        self.measures = measures
 
 
 class Server(StrEnum):
@@ -126,6 +140,7 @@ class Plan:
     turn_words: int = TURN_WORDS
     reply_tokens: int = REPLY_TOKENS
     swipes: int = SWIPES
+    pause_s: float = PAUSE_S  # the same for every server: what a warm-up can use
 
     @property
     def n_ctx(self) -> int:
@@ -164,8 +179,7 @@ def ask(url: str, messages: Messages, *, model: str, max_tokens: int, seed: int,
             headers={"Connection": "close"}) as response:
         if response.status_code != 200:
             response.read()
-            raise RuntimeError(f"{url} answered {response.status_code}: "
-                               f"{response.text[:300]}")
+            raise Refused(f"answered {response.status_code}: {response.text[:300]}")
         for line in response.iter_lines():
             if not line.startswith("data:"):
                 continue
@@ -208,18 +222,27 @@ def run_session(url: str, plan: Plan, *, server: str, model: str,
     server reports that many tokens in the prompt and the reply, or, with `at_turns`, after
     as many turns as another server's session took (llama-cpp-python's server does not
     report its streams' usage): `reached_at` of that session."""
-    if at_turns is not None and len(at_turns) != len(plan.lengths):
-        raise ValueError("one turn count per length")
+    if at_turns is not None and len(at_turns) > len(plan.lengths):
+        raise ValueError("at most one turn count per length")
     out: list[Measure] = []
     history: Messages = []
-    pending = sorted(plan.lengths)
+    # with `at_turns` from a session that was cut, the lengths it reached
+    lengths = sorted(plan.lengths)[:len(at_turns) if at_turns is not None else None]
+    pending = list(lengths)
     turn = 0
     seed = 1
     served = served_model(url)
 
     def request(step: Step, messages: Messages, length: int) -> Answer:
         nonlocal seed
-        answer = ask(url, messages, model=served, max_tokens=plan.reply_tokens, seed=seed)
+        if out and plan.pause_s > 0:
+            time.sleep(plan.pause_s)
+        try:
+            answer = ask(url, messages, model=served, max_tokens=plan.reply_tokens,
+                         seed=seed)
+        except Refused as exc:
+            raise SessionCut(f"stopped before {length:,} tokens: {exc}",
+                             [m for m in out if m.length < length]) from None
         seed += 1
         measure = Measure(server, model, step.value, length, turn, answer)
         out.append(measure)
@@ -236,7 +259,7 @@ def run_session(url: str, plan: Plan, *, server: str, model: str,
         history.append({"role": "assistant", "content": answer.text})
         turn += 1
         if at_turns is not None:
-            reached = turn == at_turns[len(plan.lengths) - len(pending)]
+            reached = turn == at_turns[len(lengths) - len(pending)]
         elif answer.prompt_tokens is None:
             raise ServerAbsent("does not report its prompt's tokens: give the turns another "
                                "server's session took")
@@ -407,6 +430,11 @@ def measure(models: Sequence[tuple[str, Path]], servers: Sequence[Server], plan:
                                           at_turns=turns, on_measure=on_measure)
                     measures += got
                     turns = turns or reached_at(got)
+                except SessionCut as exc:
+                    measures += exc.measures
+                    turns = turns or reached_at(exc.measures)
+                    absent[f"{server.value}/{name}"] = str(exc)
+                    log.warning("%s on %s: %s", server.label, name, exc)
                 except ServerAbsent as exc:
                     absent[f"{server.value}/{name}"] = str(exc)
                     log.warning("%s on %s: %s", server.label, name, exc)
@@ -475,7 +503,8 @@ def markdown(data: dict[str, Any], *, heading: str = "###") -> str:
              f"Each turn a new user message of {plan['turn_words']} words and a reply of "
              f"{plan['reply_tokens']} tokens, then {plan['swipes']} swipes; at each length an "
              f"edit {plan['edit_back']} turns back and a return to the first branch "
-             f"(n_ctx {plan['n_ctx']}). Medians of the last {RECENT_TURNS} turns; time to "
+             f"(n_ctx {plan['n_ctx']}), {plan.get('pause_s', 0):g} s between a reply and "
+             f"the next request. Medians of the last {RECENT_TURNS} turns; time to "
              f"first token in seconds, prompt tokens decoded in brackets.", ""]
     steps = list(Step)
     lines.append("| model | length | server | " + " | ".join(s.label for s in steps) +

@@ -66,6 +66,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--session-lengths", default=",".join(map(str, SESSION_LENGTHS)),
                         help="the API session's lengths in tokens (default: %(default)s; "
                         f"--quick: {','.join(map(str, QUICK_SESSION_LENGTHS))})")
+    parser.add_argument("--session-pause", type=float, default=api_session.PAUSE_S,
+                        help="seconds between a reply and the next request, the same for "
+                        "every server (default: %(default)s)")
     parser.add_argument("--session-servers", default=",".join(s.value for s in Server),
                         help="the API session's servers, from "
                         + ", ".join(s.value for s in Server))
@@ -215,7 +218,8 @@ def session(models: list[BenchModel], args: argparse.Namespace, *, n_threads: in
             keep: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
     """The API session on every model and server, one server at a time; `keep` hears the
     figures so far after each request's model is done."""
-    plan = Plan(tuple(int(n) for n in args.session_lengths.split(",") if n))
+    plan = Plan(tuple(int(n) for n in args.session_lengths.split(",") if n),
+                pause_s=args.session_pause)
     servers = [Server(s) for s in args.session_servers.split(",") if s]
     logs = out / "session-logs"
     logs.mkdir(parents=True, exist_ok=True)

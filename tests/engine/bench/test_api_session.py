@@ -38,9 +38,10 @@ class Scripted:
     counts words as tokens and reports the longest common prefix with the previous request
     as cached (in `usage` or, llama-server's way, in `timings`)."""
 
-    def __init__(self, *, timings: bool = False) -> None:
+    def __init__(self, *, timings: bool = False, limit: int | None = None) -> None:
         self.requests: list[dict[str, Any]] = []
         self.timings = timings
+        self.limit = limit  # prompts of more words are refused with 400, as over a context
         self._previous: list[str] = []
         scripted = self
 
@@ -58,6 +59,13 @@ class Scripted:
 
             def do_POST(self) -> None:
                 request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                if scripted.refuses(request):
+                    body = b'{"error": {"message": "the request exceeds the context"}}'
+                    self.send_response(400)
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+                    return
                 self.send_response(200)
                 self.send_header("Content-Type", "text/event-stream")
                 self.end_headers()
@@ -67,6 +75,10 @@ class Scripted:
 
         self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
         self.url = f"http://127.0.0.1:{self.server.server_address[1]}/v1"
+
+    def refuses(self, request: dict[str, Any]) -> bool:
+        words = " ".join(m["content"] for m in request["messages"]).split()
+        return self.limit is not None and len(words) > self.limit
 
     def answer(self, request: dict[str, Any]) -> Iterator[str]:
         self.requests.append(request)
@@ -96,7 +108,7 @@ class Scripted:
 
 
 def test_a_session_swipes_edits_back_and_returns_to_the_first_branch() -> None:
-    plan = Plan(lengths=(150, 300), turn_words=20, reply_tokens=4, swipes=2)
+    plan = Plan(lengths=(150, 300), turn_words=20, reply_tokens=4, swipes=2, pause_s=0)
     with Scripted() as server:
         measures = run_session(server.url, plan, server="scripted", model="m")
     requests = [r["messages"] for r in server.requests]
@@ -125,6 +137,31 @@ def test_a_session_swipes_edits_back_and_returns_to_the_first_branch() -> None:
         replayed = run_session(again.url, plan, server="other", model="m",
                                at_turns=api_session.reached_at(measures))
     assert [(m.step, m.turn) for m in replayed] == [(m.step, m.turn) for m in measures]
+
+
+def test_a_server_that_refuses_a_longer_prompt_keeps_the_lengths_it_finished() -> None:
+    plan = Plan(lengths=(150, 300), turn_words=20, reply_tokens=4, swipes=1, pause_s=0)
+    with Scripted() as server:
+        whole = run_session(server.url, plan, server="scripted", model="m")
+    with Scripted(limit=200) as server, pytest.raises(api_session.SessionCut) as cut:
+        run_session(server.url, plan, server="scripted", model="m")
+    assert "before 300 tokens" in str(cut.value) and "exceeds the context" in str(cut.value)
+    assert [(m.step, m.length) for m in cut.value.measures] == \
+        [(m.step, m.length) for m in whole if m.length == 150]
+    with Scripted() as again:  # a server after a cut one: the lengths the cut one reached
+        followed = run_session(again.url, plan, server="other", model="m",
+                               at_turns=api_session.reached_at(cut.value.measures))
+    assert [(m.step, m.turn) for m in followed] == \
+        [(m.step, m.turn) for m in cut.value.measures]
+
+
+def test_each_request_but_the_first_waits_the_pause() -> None:
+    plan = Plan(lengths=(40,), turn_words=20, reply_tokens=4, swipes=1, pause_s=0.05)
+    sleeps: list[float] = []
+    with Scripted() as server, pytest.MonkeyPatch.context() as patch:
+        patch.setattr(api_session.time, "sleep", sleeps.append)
+        measures = run_session(server.url, plan, server="scripted", model="m")
+    assert sleeps == [0.05] * (len(measures) - 1) and len(measures) > 2
 
 
 def test_what_a_server_reused_is_read_from_usage_or_from_timings() -> None:
@@ -182,7 +219,7 @@ def test_arbor_and_llama_cpp_python_serve_the_whole_session(
     tiny_models: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv("ARBOR_HOME", str(tmp_path / "home"))
-    plan = Plan(lengths=(160,), turn_words=20, reply_tokens=4, swipes=1)
+    plan = Plan(lengths=(160,), turn_words=20, reply_tokens=4, swipes=1, pause_s=0.2)
     measures, absent = api_session.measure(
         [("tiny", tiny_models["dense"])], [Server.ARBOR, Server.LLAMA_CPP_PYTHON], plan,
         n_threads=2, n_batch=64, work=tmp_path)
