@@ -332,6 +332,8 @@ class Generator:
         # their ends, which edits and the next turns restore while the live cache still
         # holds the branch. The prompt's end and the interval's states stay whole: they are
         # what a swipe or a return to another branch restores, after the live cache moved.
+        # Where a partial state is cheap (a hybrid), the prompt's end gets a partial twin
+        # too: what a swipe restores while the live cache still holds the prompt.
         crossings = set(crossing(schedule, 0, self.checkpoint_interval))
         partial_at = {n for n in saves if n < len(target) and n not in crossings} \
             if partial else set()
@@ -352,6 +354,7 @@ class Generator:
             fetch=store.fetch,
             save_at=saves,
             partial_at=partial_at,
+            twin_end=cheap,
             on_checkpoint=keep,
             on_progress=on_progress,
             on_plan=on_plan,

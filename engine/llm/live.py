@@ -29,6 +29,18 @@ STATE_FLAGS = 0  # whole per-sequence state: the only kind safe for every memory
 
 
 @dataclass(frozen=True)
+class PendingCapture:
+    """The prompt-end checkpoint `prepare` asked for, taken once the first token is sampled:
+    at `n` live tokens, for `keep`; a partial state (`partial`), or the whole state and
+    (`twin`) a partial one beside it."""
+
+    n: int
+    keep: Callable[[Checkpoint], None]
+    partial: bool = False
+    twin: bool = False
+
+
+@dataclass(frozen=True)
 class SavedState:
     """A state saved of the first `n` live tokens: `size` bytes of `blob` (a buffer that
     may be reused), saved with llama.cpp's state `flags`."""
@@ -89,9 +101,8 @@ class LiveState:
         # Whose requests the live state was prepared for (engine.storage.checkpoints: scopes):
         # only a prepare for the same scope reuses it, and its checkpoints carry it.
         self._live_scope = ""
-        # The prompt-end checkpoint, taken after the first token is sampled (see prepare):
-        # the length it must be taken at, and who keeps it.
-        self._pending_capture: tuple[int, Callable[[Checkpoint], None], bool] | None = None
+        # The prompt-end checkpoint, taken after the first token is sampled (see prepare).
+        self._pending_capture: PendingCapture | None = None
         # The logits after the first n live tokens, a prompt's end (n, logits): kept while
         # those tokens are live, so a target ending there needs no decode (saved state
         # holds no logits; the checkpoint taken there keeps them beside its blob).
@@ -393,9 +404,10 @@ class LiveState:
         pending, self._pending_capture = self._pending_capture, None
         if pending is None:
             return
-        held, keep, partial = pending
-        if len(self._live) == held and self.canonical_tokens == held:
-            keep(self.capture(partial=partial))
+        if len(self._live) == pending.n and self.canonical_tokens == pending.n:
+            pending.keep(self.capture(partial=pending.partial))
+            if pending.twin:
+                pending.keep(self.capture(partial=True))
         else:  # cannot happen while every change flushes first; never save a wrong state
             log.warning("deferred checkpoint dropped: the context changed before it")
 

@@ -37,7 +37,7 @@ from engine.core.results import (
     TokenLogprob,
 )
 from engine.core.schedule import CPU_GRID, GPU_GRID
-from engine.llm.live import STATE_FLAGS, LiveState
+from engine.llm.live import STATE_FLAGS, LiveState, PendingCapture
 from engine.llm.llama import LlamaContext, LlamaModel, Sampler, SamplingParams, gpu_memory
 from engine.llm.placement import place
 from engine.models.files import file_sha256
@@ -201,6 +201,7 @@ class Runtime(LiveState):
         fetch: Callable[[Checkpoint], Checkpoint | None] | None = None,
         save_at: Sequence[int] = (),
         partial_at: Collection[int] = (),
+        twin_end: bool = False,
         on_checkpoint: Callable[[Checkpoint], None] | None = None,
         on_progress: ProgressFn | None = None,
         on_plan: PlanFn | None = None,
@@ -221,7 +222,11 @@ class Runtime(LiveState):
         candidate only while the live cache holds its prefix (`partial_states`). While
         decoding, the state is captured after each chunk end in `save_at` and passed to
         `on_checkpoint`: a partial state at those also in `partial_at` (where the model has
-        one; else the whole state).
+        one; else the whole state). `twin_end`: at the target's end, if it is in `save_at`
+        as a whole state, a partial one too (on a hybrid, where it costs a fraction of a
+        millisecond): what a swipe restores while the live cache still holds the prompt,
+        in a fraction of the time the whole state takes (ties between checkpoints of the
+        same length go to the partial one).
 
         `scope` is whose request this is (engine.storage.checkpoints): the live cache is a candidate
         only if it was prepared for the same scope, a checkpoint only if it was made for it.
@@ -248,12 +253,12 @@ class Runtime(LiveState):
         # are candidates, until a failed restore clears it (`cleared`).
         held, cleared = 0, False
         if use_live and scope == self._live_scope:
-            plans.append((self.live_reuse(target, schedule), 1, None))
+            plans.append((self.live_reuse(target, schedule), 2, None))
             held = max(self._canonical_ends(target, schedule), default=0)
         for checkpoint in checkpoints:
             if (checkpoint.scope == scope and checkpoint.fits(target, schedule)
                     and (not checkpoint.partial or checkpoint.n_tokens <= held)):
-                plans.append((checkpoint.n_tokens, 0, checkpoint))
+                plans.append((checkpoint.n_tokens, int(checkpoint.partial), checkpoint))
         plans.sort(key=lambda plan: (plan[0], plan[1]), reverse=True)
         failed: list[int] = []
         reuse, source, used = 0, Source.NONE, None
@@ -288,8 +293,9 @@ class Runtime(LiveState):
             on_plan(Reuse(len(target), reuse, source,
                           used.pos_max if used is not None else None))
         saves = {p: self.partial_states and p in partial_at for p in save_at if p > reuse}
+        twin = twin_end and self.partial_states and not self._settles
         self._decode_tail(target, schedule.chunks(reuse), saves, on_checkpoint, on_progress,
-                          cancel)
+                          cancel, twin_end=twin)
         if self._guard.armed and len(target) - reuse > 1:
             self._guard.disarm()  # the model's first prompt decoded: these kernels work here
         return PrepareReport(
@@ -311,9 +317,12 @@ class Runtime(LiveState):
         on_checkpoint: Callable[[Checkpoint], None] | None,
         on_progress: ProgressFn | None,
         cancel: CancelFn | None,
+        *,
+        twin_end: bool = False,
     ) -> None:
         """Decode the chunks ending at `ends`, from where the live prefix ends, capturing
-        the state at the chunk ends in `saves` (a partial state where it says True)."""
+        the state at the chunk ends in `saves` (a partial state where it says True; at the
+        target's end a partial one beside a whole one too, with `twin_end`)."""
         start = len(self._live)
         total = len(target) - start
         if on_progress:
@@ -345,7 +354,8 @@ class Runtime(LiveState):
                     logits.flags.writeable = False
                     self._end, self._stale = (end, logits), False
                     if keep is not None:
-                        self._pending_capture = (end, keep, partial)
+                        self._pending_capture = PendingCapture(
+                            end, keep, partial, twin=twin_end and not partial)
                 elif self._settles:  # before the next chunk; its blob is any save wanted
                     if keep is None:
                         self._settle_window()
@@ -374,9 +384,8 @@ class Runtime(LiveState):
             self.flush_capture()
             return
         pending, self._pending_capture = self._pending_capture, None
-        if pending is not None and pending[0] == n:
-            _, keep, partial = pending
-            keep(self._settle(partial=partial))  # its blob is the prompt-end checkpoint
+        if pending is not None and pending.n == n:  # (no twin: a window model's is 16 MB)
+            pending.keep(self._settle(partial=pending.partial))  # the prompt-end checkpoint
         else:
             self._settle_window()
 

@@ -384,22 +384,23 @@ class CheckpointStore:
         An `inner` one (`plan_inner`) is kept only in the room the others leave: inner
         checkpoints over the budget are dropped at once, the least valuable first (they
         come many to a message, and dropping costs nothing). Of two checkpoints of the same
-        state the whole one is kept, then the one with logits."""
+        state and kind (whole or partial) the one with logits is kept. A partial one is kept
+        beside a whole one of the same state: it restores that state in a fraction of the
+        time while the live cache holds its prefix (a hybrid's prompt end: `twin_end`), and
+        the whole one after the cache moved."""
         if not valid_bounds(checkpoint.bounds, checkpoint.n_tokens):
             raise ValueError("a checkpoint without its chunk ends can never be restored")
         for entry in list(self._entries.values()):
             held = entry.checkpoint
-            if (held.tokens, held.bounds, held.scope) == (
-                checkpoint.tokens, checkpoint.bounds, checkpoint.scope
+            if (held.tokens, held.bounds, held.scope, held.partial) == (
+                checkpoint.tokens, checkpoint.bounds, checkpoint.scope, checkpoint.partial
             ):
-                if (not held.partial, held.has_logits) >= (
-                    not checkpoint.partial, checkpoint.has_logits
-                ):
+                if held.has_logits >= checkpoint.has_logits:
                     entry.last_used = time.monotonic()
                     entry.inner = entry.inner and inner  # a message end there too: keep it so
                     return  # the same state is already kept
                 inner = inner and entry.inner
-                self.drop(held.id)  # the same state, whole or with logits: keep the new one
+                self.drop(held.id)  # the same state with logits: keep the new one
                 break
         self._entries[checkpoint.id] = _Entry(checkpoint, time.monotonic(), inner=inner)
         self.created += 1

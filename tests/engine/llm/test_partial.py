@@ -159,9 +159,10 @@ def test_dense_and_recurrent_models_have_no_partial_state(
 def test_a_chat_keeps_message_ends_partial_and_answers_as_a_full_reprocess(
     kind: MemoryKind, tiny_models: dict[str, Path], make_runtime: RuntimeFactory
 ) -> None:
-    """Message ends are saved partial, the prompt's end whole; a new turn and an edit a few
-    turns back restore the partial states of the live branch, a return to the first branch
-    the whole prompt-end state; every answer is the full reprocess's."""
+    """Message ends are saved partial, the prompt's end whole (on the hybrid with a partial
+    twin); a swipe restores the twin, a new turn and an edit a few turns back the partial
+    states of the live branch, a return to the first branch the whole prompt-end state;
+    every answer is the full reprocess's."""
     runtime = make_runtime(tiny_models[kind.value], n_ctx=2048, n_batch=16)
     store = CheckpointStore(runtime.identity())
     generator = Generator(runtime, sampling=GREEDY, checkpoints=store)
@@ -184,11 +185,26 @@ def test_a_chat_keeps_message_ends_partial_and_answers_as_a_full_reprocess(
     runtime.flush_capture()
     path = tree.path_to(parent)
     ends = list(itertools.accumulate(len(node.tokens or ()) for node in path))
-    kept = {c.n_tokens: c for c in store.all()}
+    kept: dict[int, set[bool]] = {}
+    for checkpoint in store.all():
+        kept.setdefault(checkpoint.n_tokens, set()).add(checkpoint.partial)
     reply_ends = [ends[i] for i, node in enumerate(path) if node.role is Role.ASSISTANT]
-    assert all(kept[n].partial for n in reply_ends[:-1])
-    prompt_ends = [n for n, c in kept.items() if c.has_logits]
-    assert prompt_ends and not any(kept[n].partial for n in prompt_ends)
+    assert all(kept[n] == {True} for n in reply_ends[:-1])
+    prompt_ends = sorted({c.n_tokens for c in store.all() if c.has_logits})
+    twins = {False, True} if kind is MemoryKind.HYBRID else {False}
+    assert prompt_ends and all(kept[n] == twins for n in prompt_ends)
+
+    # A swipe of the last reply: its prompt's end, the partial twin on the hybrid (the live
+    # cache holds the prompt), without a decode.
+    report = generator.prepare(tree.path_to(users[-1].id)).report
+    used = next(c for c in store.all() if c.id == report.checkpoint_id)
+    assert (report.source, report.decoded_tokens) == (Source.CHECKPOINT, 0)
+    assert used.partial is (kind is MemoryKind.HYBRID)
+    answer = generator.generate(max_tokens=6, seed=9)
+    cold.prepare(tree.path_to(users[-1].id))
+    assert cold.generate(max_tokens=6, seed=9).tokens == answer.tokens
+    assert np.array_equal(answer_logits(generator, tree, users[-1].id),
+                          answer_logits(cold, tree, users[-1].id))
 
     # An edit of the second question: restored from the partial state at the end of the
     # first reply, which the live cache holds.
@@ -208,7 +224,13 @@ def test_a_chat_keeps_message_ends_partial_and_answers_as_a_full_reprocess(
     assert cold.generate(max_tokens=6, seed=8).tokens == answer.tokens
 
 
-def test_the_store_keeps_partial_states_in_ram_alone_and_prefers_whole_ones(
+def answer_logits(generator: Generator, tree: Tree, node_id: int) -> np.ndarray:
+    """The logits the first reply token to `node_id`'s path is sampled from."""
+    generator.prepare(tree.path_to(node_id))
+    return generator.runtime.last_logits()
+
+
+def test_the_store_keeps_partial_states_in_ram_alone_beside_whole_ones(
     tiny_models: dict[str, Path], make_runtime: RuntimeFactory, tmp_path: Path
 ) -> None:
     runtime = make_runtime(tiny_models["hybrid"], n_ctx=1024, n_batch=64)
@@ -216,12 +238,14 @@ def test_the_store_keeps_partial_states_in_ram_alone_and_prefers_whole_ones(
     store = CheckpointStore(runtime.identity(), key=b"k" * 32, ram_budget=0,
                             disk_dir=tmp_path)
     store.add(partial)
-    store.add(whole)  # the same state, whole: replaces the partial one
-    assert [c.id for c in store.all()] == [whole.id]
-    store.add(replace(partial, id=partial.id + 10_000))  # and is not replaced by it
-    assert [c.id for c in store.all()] == [whole.id]
+    store.add(whole)  # the same state, whole: kept beside the partial one
+    assert sorted(c.id for c in store.all()) == sorted([whole.id, partial.id])
+    store.add(replace(partial, id=partial.id + 10_000))  # the same partial state: nothing
+    store.add(replace(whole, id=whole.id + 10_000))
+    assert sorted(c.id for c in store.all()) == sorted([whole.id, partial.id])
 
     store.drop(whole.id)
+    store.drop(partial.id)
     store.add(partial)
     store.enforce_budget()  # over the budget: a partial one is dropped, never spilled
     assert store.all() == [] and not list(tmp_path.rglob("*.ckpt"))
