@@ -183,6 +183,22 @@ class LiveState:
         reuse = usable[-1]
         return reuse if self._window_holds(reuse) else 0
 
+    def _adopt_logits(self, n: int, checkpoints: Iterable[Checkpoint]) -> None:
+        """A dense cache that holds the first `n` live tokens canonically, without their
+        logits (a warm-up decoded on past them): keep the logits of a checkpoint of that
+        very state, so a cut back serves where loading its blob would copy the whole cache
+        (0.4 GB at 16k tokens on SmolLM2). Other kinds restore it (or its partial twin)."""
+        if self.memory_kind is not MemoryKind.DENSE or self._logits_at(n) is not None:
+            return
+        for checkpoint in checkpoints:
+            if (checkpoint.n_tokens == n and checkpoint.logits is not None
+                    and len(checkpoint.logits) == 4 * self.model.n_vocab
+                    and checkpoint.scope == self._live_scope
+                    and checkpoint.tokens == tuple(self._live[:n])
+                    and checkpoint.bounds == tuple(self._bounds[: len(checkpoint.bounds)])):
+                self._end = (n, np.frombuffer(checkpoint.logits, dtype="<f4"))
+                return
+
     def _canonical_ends(self, target: Sequence[int], schedule: Schedule) -> list[int]:
         """The chunk ends of `target`'s schedule up to which the live cache holds exactly
         the state a decode of `target` by `schedule` gives (what a cut back could keep)."""

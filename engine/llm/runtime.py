@@ -253,8 +253,10 @@ class Runtime(LiveState):
         # are candidates, until a failed restore clears it (`cleared`).
         held, cleared = 0, False
         if use_live and scope == self._live_scope:
-            plans.append((self.live_reuse(target, schedule), 2, None))
             held = max(self._canonical_ends(target, schedule), default=0)
+            if held == len(target):
+                self._adopt_logits(len(target), checkpoints)
+            plans.append((self.live_reuse(target, schedule), 2, None))
         for checkpoint in checkpoints:
             if (checkpoint.scope == scope and checkpoint.fits(target, schedule)
                     and (not checkpoint.partial or checkpoint.n_tokens <= held)):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -151,6 +152,33 @@ def test_the_same_prompt_again_decodes_nothing_and_replies_as_a_full_reprocess(
     assert np.array_equal(restored_logits, reference_logits)
     assert len(reference.tokens) > 1
     assert first.tokens == again.tokens == restored.tokens == reference.tokens
+
+
+def test_a_dense_cache_past_a_prompt_takes_its_checkpoint_logits_not_its_state(
+    tiny_models: dict[str, Path], make_runtime: RuntimeFactory, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A swipe after a warm-up: the live cache holds the prompt and the reply decoded as a
+    prompt, so the prompt's logits are gone from it. On a dense model the cache is cut back
+    to the prompt and the prompt-end checkpoint's logits are sampled, its state (the whole
+    cache) never loaded; the logits and the reply are the full reprocess's."""
+    runtime = make_runtime(tiny_models["dense"], n_ctx=1024, n_batch=32)
+    target, marks = random_tokens(150), [100]
+    saved: list[Checkpoint] = []
+    runtime.prepare(target, marks=marks, save_at=[150], on_checkpoint=saved.append)
+    reply = runtime.generate(max_tokens=8, sampling=HOT, seed=4)
+    runtime.prepare([*target, *reply.tokens], marks=[*marks, 150])  # the warm-up
+    assert runtime.canonical_tokens == 150 + len(reply.tokens)
+    assert saved[0].logits is not None  # another scope's, with other logits: never taken
+    other_scope = replace(saved[0], scope="someone else", logits=bytes(len(saved[0].logits)))
+    with monkeypatch.context() as patch:
+        patch.setattr(runtime.ctx, "state_set", lambda *a, **k: pytest.fail("loaded"))
+        report = runtime.prepare(target, marks=marks, checkpoints=[other_scope, *saved])
+    assert (report.source, report.reused_tokens, report.decoded_tokens) == (Source.LIVE, 150, 0)
+    logits = runtime.last_logits()
+    again = runtime.generate(max_tokens=8, sampling=HOT, seed=4)
+    assert np.array_equal(logits, fresh_logits(runtime, target, marks))
+    assert again.tokens == runtime.generate(max_tokens=8, sampling=HOT, seed=4).tokens
+    assert again.tokens == reply.tokens
 
 
 @pytest.mark.parametrize("kind", ALL_KINDS, ids=lambda k: k.value)
