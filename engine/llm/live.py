@@ -192,12 +192,21 @@ class LiveState:
             return
         for checkpoint in checkpoints:
             if (checkpoint.n_tokens == n and checkpoint.logits is not None
-                    and len(checkpoint.logits) == 4 * self.model.n_vocab
-                    and checkpoint.scope == self._live_scope
-                    and checkpoint.tokens == tuple(self._live[:n])
-                    and checkpoint.bounds == tuple(self._bounds[: len(checkpoint.bounds)])):
+                    and self._logits_fit(checkpoint) and self._holds(checkpoint)):
                 self._end = (n, np.frombuffer(checkpoint.logits, dtype="<f4"))
                 return
+
+    def _holds(self, checkpoint: Checkpoint) -> bool:
+        """Whether the live cache holds `checkpoint`'s prefix canonically, decoded with the
+        same chunk ends, in the same scope."""
+        n = checkpoint.n_tokens
+        return (checkpoint.scope == self._live_scope and n <= self.canonical_tokens
+                and tuple(self._live[:n]) == checkpoint.tokens
+                and tuple(self._bounds[: len(checkpoint.bounds)]) == checkpoint.bounds)
+
+    def _logits_fit(self, checkpoint: Checkpoint) -> bool:
+        """Whether `checkpoint`'s kept logits, if any, are one float32 per vocabulary token."""
+        return checkpoint.logits is None or len(checkpoint.logits) == 4 * self.model.n_vocab
 
     def _canonical_ends(self, target: Sequence[int], schedule: Schedule) -> list[int]:
         """The chunk ends of `target`'s schedule up to which the live cache holds exactly
@@ -267,15 +276,10 @@ class LiveState:
         after that the sequence is cleared."""
         self.flush_capture()
         n = checkpoint.n_tokens
-        if not (
-            self.partial_states and checkpoint.blob is not None
-            and checkpoint.scope == self._live_scope
-            and n <= self.canonical_tokens and tuple(self._live[:n]) == checkpoint.tokens
-            and tuple(self._bounds[: len(checkpoint.bounds)]) == checkpoint.bounds
-        ):
+        if not (self.partial_states and checkpoint.blob is not None and self._holds(checkpoint)):
             return False
-        if checkpoint.logits is not None and len(checkpoint.logits) != 4 * self.model.n_vocab:
-            problem: str | None = f"has {len(checkpoint.logits)} bytes of logits"
+        if not self._logits_fit(checkpoint):
+            problem: str | None = f"has {len(checkpoint.logits or b'')} bytes of logits"
         elif (read := self.ctx.state_set(checkpoint.blob, checkpoint.flags)) != checkpoint.size:
             problem = f"was read as {read} of {checkpoint.size} bytes"
         elif not self.ctx.seq_rm(n, -1):
@@ -302,8 +306,9 @@ class LiveState:
             return "has no state loaded"
         if not checkpoint.bounds or checkpoint.bounds[-1] != checkpoint.n_tokens:
             return "was decoded with an unknown schedule"
-        if checkpoint.logits is not None and len(checkpoint.logits) != 4 * self.model.n_vocab:
-            return f"has {len(checkpoint.logits)} bytes of logits for {self.model.n_vocab} tokens"
+        if not self._logits_fit(checkpoint):
+            return f"has {len(checkpoint.logits or b'')} bytes of logits for " \
+                f"{self.model.n_vocab} tokens"
         read = self.ctx.state_set(checkpoint.blob, checkpoint.flags)
         if read != checkpoint.size:
             return f"was read as {read} of {checkpoint.size} bytes"
