@@ -4,15 +4,29 @@ Every request compares its prompt with what came before (the rendered text, the 
 tokens): tens of thousands of items in a long conversation. Compared one item at a time in
 Python that is milliseconds per call, growing with the conversation; slices of a block
 compare in C, so only the block where they differ is walked item by item.
+
+Where one target is tested against many saved prefixes (every checkpoint of a long
+conversation), both are `packed`: then a prefix test is one `bytes.startswith`, a memcmp.
+Tuples of ints are no substitute: `==` on two tuples walks their common items one by one
+before it looks at their lengths, so a test against each of a few hundred checkpoints on the
+same branch walked the whole conversation each time.
 """
 
 from __future__ import annotations
 
+from array import array
 from collections.abc import Sequence
 from typing import TypeVar
 
 BLOCK = 512
 T = TypeVar("T")
+TOKEN_BYTES = 4  # a packed token id: a C int (llama_token is int32_t)
+
+
+def packed(tokens: Sequence[int]) -> bytes:
+    """Token ids as bytes, TOKEN_BYTES to an id, in the machine's order: packed runs
+    compare (`==`, `startswith`) in C."""
+    return array("i", tokens).tobytes()
 
 
 def common_prefix(a: Sequence[T], b: Sequence[T]) -> int:

@@ -25,6 +25,7 @@ import numpy as np
 
 from engine.config.params import RuntimeSettings
 from engine.core.errors import ArborError, Cancelled, ContextOverflowError
+from engine.core.prefix import packed
 from engine.core.results import (
     CancelFn,
     FinishReason,
@@ -257,8 +258,9 @@ class Runtime(LiveState):
             if held == len(target):
                 self._adopt_logits(len(target), checkpoints)
             plans.append((self.live_reuse(target, schedule), 2, None))
+        key = packed(target)
         for checkpoint in checkpoints:
-            if (checkpoint.scope == scope and checkpoint.fits(target, schedule)
+            if (checkpoint.scope == scope and checkpoint.fits(key, schedule)
                     and (not checkpoint.partial or checkpoint.n_tokens <= held)):
                 plans.append((checkpoint.n_tokens, int(checkpoint.partial), checkpoint))
         plans.sort(key=lambda plan: (plan[0], plan[1]), reverse=True)

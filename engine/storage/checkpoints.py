@@ -48,6 +48,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, TypeGuard
 
 from engine.core.memory import MemoryKind
+from engine.core.prefix import TOKEN_BYTES, packed
 from engine.core.schedule import Schedule, crossing
 from engine.files.atomic import atomic_writer
 from engine.files.regular import FormatError, open_regular
@@ -115,8 +116,11 @@ class Checkpoint:
     # None while only on disk, or when none were kept (interior chunk ends, old files).
     logits: bytes | None = None
     logits_size: int = -1  # bytes of the logits; set from them when not given (0: none)
+    # `tokens`, packed (engine.core.prefix): what prefix tests and lookups compare.
+    key: bytes = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "key", packed(self.tokens))
         if self.size < 0:
             object.__setattr__(self, "size", len(self.blob or b""))
         if self.logits_size < 0:
@@ -145,17 +149,18 @@ class Checkpoint:
     def pos_max(self) -> int:
         return len(self.tokens) - 1
 
-    def is_prefix_of(self, target: Sequence[int]) -> bool:
-        n = len(self.tokens)
-        return n <= len(target) and tuple(target[:n]) == self.tokens
+    def is_prefix_of(self, target: bytes) -> bool:
+        """Whether its tokens begin `target` (`packed`)."""
+        return target.startswith(self.key)
 
-    def fits(self, target: Sequence[int], schedule: Schedule) -> bool:
-        """Whether restoring this and decoding the rest of `target` by `schedule` gives
-        exactly the state a full decode by `schedule` gives: a prefix decoded with the
-        schedule's own chunk ends, leaving at least the last chunk to decode, or all of
-        `target` when it holds the logits to sample the next token from."""
+    def fits(self, target: bytes, schedule: Schedule) -> bool:
+        """Whether restoring this and decoding the rest of `target` (`packed`) by
+        `schedule` gives exactly the state a full decode by `schedule` gives: a prefix
+        decoded with the schedule's own chunk ends, leaving at least the last chunk to
+        decode, or all of `target` when it holds the logits to sample the next token from."""
+        length = len(target) // TOKEN_BYTES
         return (
-            (self.n_tokens < len(target) or (self.n_tokens == len(target) and self.has_logits))
+            (self.n_tokens < length or (self.n_tokens == length and self.has_logits))
             and schedule.agrees(self.bounds)
             and self.is_prefix_of(target)
         )
@@ -328,8 +333,9 @@ class CheckpointStore:
                    ) -> list[Checkpoint]:
         """Every checkpoint of `scope` that fits `target` decoded by `schedule`, deepest
         first. Another scope's never: what it holds is another client's."""
+        key = packed(target)
         found = [e.checkpoint for e in self._entries.values()
-                 if e.checkpoint.scope == scope and e.checkpoint.fits(target, schedule)]
+                 if e.checkpoint.scope == scope and e.checkpoint.fits(key, schedule)]
         found.sort(key=lambda c: c.n_tokens, reverse=True)
         return found
 
@@ -392,8 +398,8 @@ class CheckpointStore:
             raise ValueError("a checkpoint without its chunk ends can never be restored")
         for entry in list(self._entries.values()):
             held = entry.checkpoint
-            if (held.tokens, held.bounds, held.scope, held.partial) == (
-                checkpoint.tokens, checkpoint.bounds, checkpoint.scope, checkpoint.partial
+            if (held.key, held.bounds, held.scope, held.partial) == (
+                checkpoint.key, checkpoint.bounds, checkpoint.scope, checkpoint.partial
             ):
                 if held.has_logits >= checkpoint.has_logits:
                     entry.last_used = time.monotonic()
@@ -418,8 +424,8 @@ class CheckpointStore:
         assert entry.path is not None
         loaded = self._read_file(entry.path)
         if loaded is None or (
-            loaded.tokens, loaded.bounds, loaded.scope, loaded.logits_size
-        ) != (checkpoint.tokens, checkpoint.bounds, checkpoint.scope, checkpoint.logits_size):
+            loaded.key, loaded.bounds, loaded.scope, loaded.logits_size
+        ) != (checkpoint.key, checkpoint.bounds, checkpoint.scope, checkpoint.logits_size):
             self.reject(checkpoint.id)
             return None
         return replace(checkpoint, blob=loaded.blob, logits=loaded.logits)

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from engine.bench.random_models import Quant
 from engine.core.memory import MemoryKind
+from engine.core.prefix import packed
 from engine.core.tree import Role, TreeError
 from engine.llm.llama import SamplingParams
 from engine.llm.runtime import PrepareReport, Runtime, RuntimeSettings
@@ -113,7 +114,7 @@ def test_random_tree_operations_never_change_a_reply(
         schedule = cached_rt.schedule(len(target), kwargs.get("marks", ()))
         best = cached_rt.live_reuse(target, schedule)
         for checkpoint in kwargs.get("checkpoints", ()):
-            if checkpoint.fits(target, schedule):
+            if checkpoint.fits(packed(target), schedule):
                 best = max(best, checkpoint.n_tokens)
         report = original(target, **kwargs)
         bounds.append(len(target) - best)

@@ -21,6 +21,7 @@ import numpy as np
 import pytest
 
 from engine.core.memory import MemoryKind
+from engine.core.prefix import packed
 from engine.core.schedule import decode_schedule
 from engine.core.tree import Role, Tree
 from engine.files.strict_json import dumps_strict
@@ -555,11 +556,11 @@ def test_a_target_that_ends_at_a_checkpoint_fits_it_only_with_its_logits() -> No
     schedule = decode_schedule(3, n_batch=64)
     bare = Checkpoint(tokens=tokens, blob=b"s", bounds=(3,))
     kept = Checkpoint(tokens=tokens, blob=b"s", bounds=(3,), logits=_logits(1))
-    assert not bare.fits(list(tokens), schedule) and kept.fits(list(tokens), schedule)
+    assert not bare.fits(packed(tokens), schedule) and kept.fits(packed(tokens), schedule)
     assert (bare.has_logits, kept.has_logits, kept.logits_size) == (False, True, 200)
     assert kept.footprint == 1 + 200
     spilled = replace(kept, blob=None, logits=None)  # as the store keeps one on disk
-    assert spilled.has_logits and spilled.fits(list(tokens), schedule)
+    assert spilled.has_logits and spilled.fits(packed(tokens), schedule)
 
 
 def test_the_budgets_count_the_logits(tmp_path: Path) -> None:
@@ -1072,3 +1073,12 @@ def test_a_deferred_checkpoint_is_kept_when_no_reply_follows(
     runtime.prepare([*target, 7, 8, 9], marks=[40], save_at=[], on_checkpoint=saved.append)
     assert [c.n_tokens for c in saved] == [40]  # flushed before the context moved on
     assert saved[0].tokens == tuple(target)
+
+
+def test_a_checkpoint_is_a_prefix_by_its_tokens_also_after_a_replace() -> None:
+    checkpoint = Checkpoint(tokens=(300, 301, 302), blob=b"s", bounds=(3,))
+    assert checkpoint.is_prefix_of(packed([300, 301, 302, 303]))
+    assert not checkpoint.is_prefix_of(packed([300, 301]))
+    assert not checkpoint.is_prefix_of(packed([300, 301, 999, 303]))
+    moved = replace(checkpoint, tokens=(300, 301))
+    assert moved.key == packed([300, 301]) and moved.is_prefix_of(packed([300, 301, 999]))
