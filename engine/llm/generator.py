@@ -17,7 +17,6 @@ from dataclasses import dataclass, replace
 
 from engine.config.params import SamplingParams
 from engine.core.errors import ContextOverflowError
-from engine.core.memory import MemoryKind
 from engine.core.overflow import Cut, Overflow, fit, read_part, reply_room
 from engine.core.prompt import BuiltinTemplate, ChatTemplate, PromptBuilder, Template, Tokenizer
 from engine.core.reasoning import OPENED, opens_reasoning, reasoning_closer
@@ -320,9 +319,7 @@ class Generator:
                              and self.prompts.replies_keep_opening)
         partial = runtime.partial_states
         room = _inner_room(store, partial=partial)
-        # A hybrid's partial state is its recurrent part, small whatever the context (0.3 MB
-        # on the bench model); a window model's is its window cache (16 MB on Gemma 3 270M).
-        cheap = partial and kind is MemoryKind.HYBRID
+        cheap = runtime.cheap_partials
         inner = set(plan_inner(kind, schedule, ends, runtime.grid, most=min(INNER_MOST, room),
                                cheap=cheap)[-room:] if room else ())
         inner -= set(planned)

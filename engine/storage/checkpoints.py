@@ -219,6 +219,13 @@ LONG_MESSAGE = 512
 INNER_MOST = 16
 
 
+def inner_span(grid: int, *, cheap: bool) -> int:
+    """The shortest message that gets inner checkpoints (`plan_inner`): also the shortest
+    stretch the decode schedule puts grid points in, where the cache cannot be cut back
+    (engine.core.schedule, `long_run`)."""
+    return 2 * grid if cheap else max(LONG_MESSAGE, 2 * grid)
+
+
 def plan_inner(
     kind: MemoryKind,
     schedule: Schedule,
@@ -249,7 +256,7 @@ def plan_inner(
     out: list[int] = []
     for start, stop in itertools.pairwise(bounds):
         span = stop - start
-        if span < (2 * grid if cheap else max(LONG_MESSAGE, 2 * grid)):
+        if span < inner_span(grid, cheap=cheap):
             continue
         step = grid * max(1, -(-span // (grid * most)))
         first = (start // step + 1) * step

@@ -36,6 +36,7 @@ from engine.storage.checkpoints import (
     CheckpointStore,
     Identity,
     file_head,
+    inner_span,
     plan_inner,
     plan_saves,
 )
@@ -145,6 +146,28 @@ def test_inner_checkpoints_sit_on_the_grid_inside_long_messages(kind: MemoryKind
         # too: two grid steps suffice.
         cheap = plan_inner(kind, schedule, node_ends, 64, cheap=True)
         assert cheap == [*inner, 768, 832, 896, 960]
+
+
+def test_the_grid_splits_only_stretches_of_at_least_long_run_tokens() -> None:
+    """A cache that cannot be cut back gets grid points only where inner checkpoints can
+    go: a 270-token turn on a recurrent model is three chunks, not seven, and a long
+    message keeps every grid point (the ones `plan_inner` takes)."""
+    marks = [3, 264]  # a reply's end, a 261-token user message, then the generation prompt
+    everywhere = decode_schedule(270, n_batch=512, grid=64, marks=marks)
+    assert everywhere.ends == (3, 64, 128, 192, 256, 264, 270)
+    assert decode_schedule(270, n_batch=512, grid=64, marks=marks, long_run=0) == everywhere
+    short = decode_schedule(270, n_batch=512, grid=64, marks=marks, long_run=512)
+    assert short.ends == (3, 264, 270)
+    cheap = decode_schedule(270, n_batch=512, grid=64, marks=marks, long_run=128)
+    assert cheap == everywhere  # 261 >= 128: the grid stays
+    node_ends = [20, 100, 700, 720, 1020, 1040]  # as in the test above
+    schedule = decode_schedule(1045, n_batch=512, grid=64, marks=node_ends,
+                               long_run=inner_span(64, cheap=False))
+    assert schedule.ends == (20, 100, *range(128, 700, 64), 700, 720, 1020, 1040, 1045)
+    assert plan_inner(MemoryKind.RECURRENT, schedule, node_ends, 64) == [*range(128, 700, 64)]
+    # A stretch longer than a batch is still cut every n_batch from its start.
+    assert decode_schedule(700, n_batch=256, grid=64, marks=[10, 400],
+                           long_run=512).ends == (10, 266, 400, 656, 700)
 
 
 def test_a_very_long_message_gets_a_bounded_number_of_inner_checkpoints() -> None:
