@@ -12,7 +12,7 @@ from __future__ import annotations
 import bisect
 import itertools
 import logging
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, replace
 
 from engine.config.params import SamplingParams
@@ -270,10 +270,11 @@ class Generator:
         marker that ends it; else None."""
         return reasoning_closer(self.prompts.generation_prompt_text(path))
 
-    def after_reply(self) -> None:
-        """Spill checkpoints over the budget: after the reply, so it never delays one."""
+    def after_reply(self, yield_to: Callable[[], bool] | None = None) -> None:
+        """Spill checkpoints over the budget: after the reply, so it never delays one, and
+        giving way to the next request once `yield_to()` (CheckpointStore.enforce_budget)."""
         if self.checkpoints is not None:
-            self.checkpoints.enforce_budget()
+            self.checkpoints.enforce_budget(yield_to)
 
     def forget(self, node_ids: Iterable[int]) -> None:
         """Deleted nodes: free their checkpoints."""

@@ -242,12 +242,11 @@ class EngineService:
             self._emit(skipped)
             return
         report = ReplyReport.of_prepare(prepared) if prepared is not None else None
-        if prepared is not None:
-            generator.after_reply()  # before `Warmed`: it is the request's last event
-            self._emit_usage()
         self._emit(Warmed(request.conversation_id, request.path[-1].id,
                           generator.runtime.canonical_tokens, report,
                           _local(rendered(path, untokenized))))
+        if prepared is not None:
+            self._spill()
 
     def generate(self, request: GenerateRequest) -> None:
         try:
@@ -257,11 +256,20 @@ class EngineService:
 
     def _generate(self, request: GenerateRequest) -> None:
         outcome = self._reply(request)
-        if isinstance(outcome, ReplyResult) and self._generator is not None:
-            self._generator.after_reply()  # before `Finished`: it is the request's last event
-            self._emit_usage()
         self._emit(Finished(request.request_id, request.conversation_id, request.reply_id,
                             outcome))
+        if isinstance(outcome, ReplyResult):
+            self._spill()
+
+    def _spill(self) -> None:
+        """After a request's last event, so that its end never waits for the disk: spill the
+        checkpoints over the RAM budget, giving way to a real request sent meanwhile (it
+        changes the epoch), then say what the store holds."""
+        if self._generator is None:
+            return
+        epoch = self.control.epoch()
+        self._generator.after_reply(yield_to=lambda: self.control.epoch() != epoch)
+        self._emit_usage()
 
     def _reply(self, request: GenerateRequest) -> Outcome:
         generator = self._generator

@@ -15,7 +15,7 @@ from engine.config.params import SamplingParams
 from engine.core.conversation import Change, Conversation, ReplyJob
 from engine.core.errors import Cancelled
 from engine.core.overflow import Overflow
-from engine.core.results import ReplyReport
+from engine.core.results import ReplyReport, ReplyResult
 from engine.core.schedule import DEFAULT_INTERVAL
 from engine.core.tools import calls_of
 from engine.core.tree import Node, Role, Tree, TreeError
@@ -174,6 +174,10 @@ class Session:
         path, resume = self.conversation.warm_target()
         report, tokens = self.engine.warm(path, resume=resume, max_tokens=max_tokens,
                                           overflow=self.overflow)
+        if report is not None:
+            # The engine spills checkpoints after a request's last event; a session's
+            # callers read its store and runtime once a step returns.
+            self.engine.sync()
         self._keep(self.conversation.adopt_tokens(tokens))
         return StepReport(op="warm", node_id=self.tree.active_leaf, report=report)
 
@@ -261,10 +265,13 @@ class Session:
         sampling = None
         if options.tool_choice is not None:
             sampling = replace(self.sampling or SamplingParams(), tool_choice=options.tool_choice)
-        result = outcome_result(run.run(
+        outcome = run.run(
             self.engine, run.request(self.engine.next_id(), max_tokens=options.max_tokens,
                                      seed=seed, overflow=self.overflow, sampling=sampling),
-            on_piece=options.on_text, on_progress=options.on_progress, cancel=options.cancel))
+            on_piece=options.on_text, on_progress=options.on_progress, cancel=options.cancel)
+        if isinstance(outcome, ReplyResult):
+            self.engine.sync()  # its spills too (they follow the reply's end): see `warm`
+        result = outcome_result(outcome)
         return StepReport(op=op, node_id=run.reply.id,
                           text=result.text[len(run.start.was_text):], report=result.report)
 

@@ -29,6 +29,7 @@ from engine.llm.generator import Generator
 from engine.llm.llama import SamplingParams
 from engine.llm.runtime import Runtime, Source
 from engine.service.session import GenerationOptions, Session
+from engine.storage import checkpoints as checkpoints_module
 from engine.storage.checkpoints import (
     INNER_MOST,
     LONG_MESSAGE,
@@ -500,6 +501,45 @@ def test_budget_spills_the_least_valuable_to_disk_before_dropping(tmp_path: Path
     store.ram_budget = 0
     store.enforce_budget()
     assert store.stats().disk_count <= 2 and store.stats().ram_count == 0
+
+
+def test_spills_give_way_to_a_waiting_request_within_the_slack(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request that waits stops the spills, in the middle of one (its file is not kept,
+    the checkpoint stays in RAM and serves), while RAM is at most a quarter over the
+    budget; over that they go on down to it. A later call finishes the job."""
+    monkeypatch.setattr(checkpoints_module, "SPILL_PIECE", 100)
+    store = CheckpointStore(_identity(), key=KEY, ram_budget=4000, disk_dir=tmp_path)
+    for node in range(1, 7):  # 6,000 bytes: 2,000 over, 1,000 over the slack
+        store.add(_fake([1, 2, node], 1000, node=node))
+    checks = []
+
+    def waits() -> bool:
+        checks.append(len(checks))
+        return True
+
+    store.enforce_budget(yield_to=waits)
+    stats = store.stats()
+    assert (stats.ram_bytes, stats.disk_count) == (5000, 1)  # the slack's edge: 5,000
+    assert checks  # asked, once within the slack
+    assert len(list(tmp_path.rglob("*"))) == 2  # the folder and one file: no temp left
+
+    # A request comes in the middle of a spill: its file goes, the checkpoint stays.
+    checks.clear()
+    # 500 over: one spill, given up while its file is written (1 check before it, 10
+    # pieces hashed, then 2 of its 10 pieces written)
+    store.ram_budget = 4500
+    store.enforce_budget(yield_to=lambda: len(checks) > 12 or bool(checks.append(0)))
+    assert len(checks) == 13
+    assert store.stats().ram_bytes == 5000 and store.stats().disk_count == 1
+    assert len(list(tmp_path.rglob("*"))) == 2
+    for checkpoint in store.all():
+        fetched = store.fetch(checkpoint)
+        assert fetched is not None and fetched.blob == bytearray(1000)
+
+    store.enforce_budget()  # nothing waits: down to the budget
+    assert store.stats().ram_bytes == 4000 and store.stats().disk_count == 2
 
 
 def test_without_a_disk_tier_eviction_drops(tmp_path: Path) -> None:
