@@ -185,8 +185,8 @@ class FakeEngineService:
             return
         prompt, rendered = _prompt(request.path, request.resume)
         report = self._prepare(prompt)
-        self._emit_usage()  # before `Warmed`: it is the request's last event
         self._emit(Warmed(request.conversation_id, last, len(prompt), report, rendered))
+        self._emit_usage()  # after `Warmed`, as the engine's spills follow a request's end
 
     def _generate(self, request: GenerateRequest) -> None:
         if self._model is None:
@@ -252,8 +252,8 @@ class FakeEngineService:
             meta += ((TOOL_CALLS, [call.to_meta() for call in script.calls]),)
             script.calls = []
         self._checkpoints.add((request.conversation_id, request.reply_id))
-        self._emit_usage()  # before `Finished`: it is the request's last event
         self._finish(request, ReplyResult(text, tokens, meta, rendered, report))
+        self._emit_usage()  # after `Finished`, as the engine's spills follow a request's end
 
     def _finish(self, request: GenerateRequest, outcome: Outcome) -> None:
         self._emit(Finished(request.request_id, request.conversation_id, request.reply_id,
