@@ -246,7 +246,7 @@ class EngineService:
                           generator.runtime.canonical_tokens, report,
                           _local(rendered(path, untokenized))))
         if prepared is not None:
-            self._spill()
+            self._spill(request.epoch)
 
     def generate(self, request: GenerateRequest) -> None:
         try:
@@ -255,19 +255,19 @@ class EngineService:
             self.control.finished(request.request_id)
 
     def _generate(self, request: GenerateRequest) -> None:
+        epoch = self.control.epoch()  # its own, sent with it: a later one is a newer request
         outcome = self._reply(request)
         self._emit(Finished(request.request_id, request.conversation_id, request.reply_id,
                             outcome))
         if isinstance(outcome, ReplyResult):
-            self._spill()
+            self._spill(epoch)
 
-    def _spill(self) -> None:
+    def _spill(self, epoch: int) -> None:
         """After a request's last event, so that its end never waits for the disk: spill the
-        checkpoints over the RAM budget, giving way to a real request sent meanwhile (it
-        changes the epoch), then say what the store holds."""
+        checkpoints over the RAM budget, giving way to a real request sent after the one
+        that ran (the epoch is no longer `epoch`), then say what the store holds."""
         if self._generator is None:
             return
-        epoch = self.control.epoch()
         self._generator.after_reply(yield_to=lambda: self.control.epoch() != epoch)
         self._emit_usage()
 
