@@ -25,10 +25,10 @@ The construction is causal but for `long_run`: the chunk ends up to a position d
 the marks up to it, and on whether the stretch it is in is long. So when two paths share a
 prefix and a chunk end, they were split identically up to there, and state saved there on
 one is exactly the state the other would compute; an edit that makes a long message short
-(or a short one long) changes that message's grid, and so restarts at its start. Checkpoints and the
-live cache record the chunk ends they were decoded with (`Schedule.ends` up to their length),
-and are reused only where those equal the target's: what the cache did can never change a
-result, on any model, quantization or backend.
+(or a short one long) changes that message's grid, and so restarts at its start.
+Checkpoints and the live cache record the chunk ends they were decoded with
+(`Schedule.ends` up to their length), and are reused only where those equal the target's:
+what the cache did can never change a result, on any model, quantization or backend.
 """
 
 from __future__ import annotations
