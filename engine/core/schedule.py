@@ -8,7 +8,8 @@ if every mode (the full reprocess, a restore and its tail, live-cache reuse, a w
 a path at the same places. Those places are a function of the path alone:
 
 - its marks: where each node ends, and where each reply's generation prompt ends (the prompt
-  end of the turn that produced it);
+  end of the turn that produced it), but for the end of the message a reply answers, where
+  the two are one chunk (engine.core.prompt, `PromptBuilder.marks`);
 - a grid of absolute positions every `grid` tokens (CPU_GRID or GPU_GRID, or `n_batch` if
   smaller), so long messages are split the same way whatever else is on the path, and an
   edit inside one re-decodes at most a grid step before the change. Only inside stretches

@@ -72,6 +72,9 @@ class ReplyTokens:
                 OPENED: self.reasoning_opened}
 
 
+ANSWERED = (Role.USER, Role.TOOL)  # what a reply answers: a path ending in one is a prompt
+
+
 class Generator:
     def __init__(
         self,
@@ -131,7 +134,7 @@ class Generator:
         `resume`, a reply whose parent is path[-1]) by the cheapest valid plan that uses
         only `scope`'s state (engine.storage.checkpoints: scopes)."""
         if resume is None:
-            target, marks = self.prompts.target(path), self.prompts.marks(path)
+            target, marks = self.prompts.target(path), self.prompts.target_marks(path)
             before: list[int] = []
         else:
             target, marks, opened = self._continuation(path, resume)
@@ -144,12 +147,14 @@ class Generator:
                       ) -> tuple[list[int], list[int], list[int]]:
         """The target and marks that continue `resume` (a reply to path[-1]): the path, then
         the reply's open tokens (PromptBuilder.open_reply_tokens, also returned)."""
-        marks = self.prompts.marks(path)
+        tokens = self.prompts.path_tokens(path)
         opened = self.prompts.open_reply_tokens(path, resume)
         opening = self.prompts.reply_opening(opened)
-        if opening is not None:  # as the finished reply will mark it (PromptBuilder.marks)
-            marks.append(marks[-1] + opening)
-        return self.prompts.path_tokens(path) + opened, marks, opened
+        if opening is None:
+            marks = self.prompts.marks(path)
+        else:  # as the finished reply will mark it (PromptBuilder.marks)
+            marks = [*self.prompts.target_marks(path), len(tokens) + opening]
+        return tokens + opened, marks, opened
 
     def fit(
         self,
@@ -198,7 +203,11 @@ class Generator:
         `Overflow.DROP_OLDEST`, the part of it a reply would read now). With `resume` (an
         unfinished reply to path[-1]), exactly the prompt that continues it: the part of
         the path and the target `run_reply(..., resume=resume)` would prepare, with the
-        logits of its last token, so the Continue that follows decodes nothing.
+        logits of its last token, so the Continue that follows decodes nothing. A path that
+        ends in a user message or a tool's result (one to answer again, or the parent of a
+        reply being edited) gets the prompt for a reply to it, with those logits too, where
+        replies keep their opening: the path alone would end on a chunk end that no later
+        path has (PromptBuilder.marks).
 
         Done while the user reads or types, so that Send decodes only the new message. After
         a reply this re-decodes the reply in one batch (its one-token decode is not the
@@ -207,13 +216,17 @@ class Generator:
         """
         if not self.use_cache:
             return None  # every prompt is decoded from scratch anyway
+        prompt = resume is None and bool(path) and path[-1].role in ANSWERED \
+            and self.prompts.replies_keep_opening
         try:
             cut = self.fit(path, resume=resume, max_tokens=max_tokens, overflow=overflow,
-                           tail=resume is not None, cancel=cancel)
+                           tail=resume is not None or prompt, cancel=cancel)
         except ContextOverflowError:
             return None  # the real request will say it does not fit
         path = read_part(path, cut)
-        if resume is None:
+        if prompt:
+            target, marks = self.prompts.target(path), self.prompts.target_marks(path)
+        elif resume is None:
             target, marks = self.prompts.path_tokens(path), self.prompts.marks(path)
         else:
             target, marks, _ = self._continuation(path, resume)
@@ -224,9 +237,11 @@ class Generator:
         schedule = runtime.schedule(len(target), marks)
         if runtime.live_scope == scope and list(held) == target and schedule.agrees(
             runtime.live_bounds
-        ) and (resume is None or runtime.live_reuse(target, schedule) == len(target)):
-            return None  # a continue also needs the last token's logits, kept
-        report = self._prepare(list(path), target, marks, None, cancel, None, scope)
+        ) and ((resume is None and not prompt)
+               or runtime.live_reuse(target, schedule) == len(target)):
+            return None  # a reply also needs the last token's logits, kept
+        report = self._prepare(list(path), target, marks, None, cancel, None, scope,
+                               prompt_follows=prompt)
         runtime.flush_capture()  # no reply follows: keep the branch's checkpoint now
         return report
 

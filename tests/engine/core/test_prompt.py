@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import tracemalloc
 from collections.abc import Sequence
 from dataclasses import replace
@@ -20,6 +21,7 @@ from engine.core.prompt import (
     TemplateError,
     Tokenizer,
 )
+from engine.core.schedule import decode_schedule
 from engine.core.tree import Node, Role, Tree
 from engine.llm.llama import LlamaModel
 from tests.fixtures.vendored import template
@@ -310,3 +312,49 @@ def test_replies_keep_the_generation_prompt_unless_it_opens_reasoning_they_drop(
     assert _builder(TEMPLATES["reasoning"], bos=1).replies_keep_opening  # opens none
     # Qwen 3.5 opens `<think>` in the generation prompt; a reply's later form has none.
     assert not _builder(template(vendored, "Qwen3.5-4B"), bos=1).replies_keep_opening
+
+
+def _answered(builder: PromptBuilder, tree: Tree, parent: int, text: str) -> Node:
+    """A reply to `parent` as the engine stores it: its tokens and its opening's length."""
+    path = tree.path_to(parent)
+    reply = tree.add_child(parent, Role.ASSISTANT, text)
+    generated = [ord(c) for c in text]
+    reply.tokens = tuple(builder.reply_tokens(path, generated, text))
+    reply.meta["prompt_len"] = len(builder.generation_prompt(path))
+    return reply
+
+
+@pytest.mark.parametrize("name", ["chatml", "qwen3.5"])
+def test_a_message_and_the_generation_prompt_after_it_are_one_chunk_where_replies_keep_it(
+    vendored: Path, name: str,
+) -> None:
+    """The schedule of a prompt is the schedule of every later path through its reply, up to
+    the prompt's end; where replies keep their opening, the message before it does not end
+    a chunk (a few tokens alone cost a whole pass over the weights)."""
+    source = CHATML_TEMPLATE if name == "chatml" else template(vendored, "Qwen3.5-4B")
+    builder = _builder(source, bos=1)
+    tree = Tree(system="Be brief.")
+    user = tree.add_child(tree.root_id, Role.USER, "Hi " * 80)
+    reply = _answered(builder, tree, user.id, "Hello.")
+    second = tree.add_child(reply.id, Role.USER, "More " * 30)
+    path = tree.path_to(second.id)
+    builder.ensure_tokens(path)
+    ends = list(itertools.accumulate(len(node.tokens or ()) for node in path))
+    joined = name == "chatml"
+    assert builder.replies_keep_opening is joined
+    marks = builder.marks(path)
+    assert (ends[1] in marks) is not joined  # the user message before the reply
+    assert ends[0] in marks and ends[2] in marks and ends[3] in marks  # the rest end one
+    for index in range(1, len(path)):  # (a template may refuse a prompt of no user message)
+        prefix = path[: index + 1]
+        target = builder.target(prefix)
+        prompt = decode_schedule(len(target), n_batch=64, grid=16,
+                                 marks=builder.target_marks(prefix), long_run=1000)
+        assert (ends[index] in prompt.ends) is (not joined or ends[index] % 16 == 0)
+        if index != 1:
+            continue
+        later = decode_schedule(ends[-1], n_batch=64, grid=16, marks=marks, long_run=1000)
+        if joined:  # the state at the prompt's end serves the later path
+            assert later.agrees(prompt.ends)
+        else:  # the later path holds the reply re-rendered: only its prefix serves
+            assert later.agrees(prompt.upto(ends[index]))

@@ -163,3 +163,45 @@ def test_a_warmed_continue_decodes_nothing_and_equals_a_cold_continue(
     assert fresh.report.decoded_tokens == fresh.report.prompt_tokens
     assert (warmed.tokens, warmed.text) == (fresh.tokens, fresh.text)
     assert len(warmed.tokens) > len(reply.tokens or ())  # it went on
+
+
+@pytest.mark.parametrize("kind", ALL_KINDS, ids=lambda k: k.value)
+def test_a_path_ending_in_a_message_to_answer_is_warmed_as_the_prompt_for_its_reply(
+    kind: MemoryKind, tiny_models: dict[str, Path], make_runtime: RuntimeFactory
+) -> None:
+    """The message and the generation prompt are one chunk (PromptBuilder.marks), so a warm-up
+    that stopped at the message's end would hold a state no later path reuses: it prepares
+    the reply's prompt, with its logits. Then the reply decodes nothing and equals a cold
+    one; a reply edited by hand after that warm-up decodes only its own text."""
+    runtime = make_runtime(tiny_models[kind.value], n_ctx=1024, n_batch=16)
+    generator = Generator(runtime, sampling=SAMPLING,
+                          checkpoints=CheckpointStore(runtime.identity()))
+    tree, reply = _conversation(generator)
+    conversation = Conversation(tree)
+    user = tree.add_child(reply, Role.USER, "And lakes?")
+    path, resume = conversation.warm_target()
+    assert path == tree.path_to(user.id) and resume is None
+    report = generator.warm(path)
+    assert report is not None and report.prompt_tokens == len(generator.prompts.target(path))
+    assert generator.warm(path) is None  # nothing left to do
+    answer, text, decoded = _reply(generator, tree, user.id, seed=7)
+    assert decoded == 0
+
+    # Editing that reply: the warm-up prepares its parent's prompt again, and the edited
+    # reply (the generation prompt, then the new text) decodes only after that prompt.
+    path, _ = conversation.warm_target(editing=answer)
+    assert path == tree.path_to(user.id)
+    again = generator.warm(path)  # (a dense cache holds it still: cut back for free)
+    assert (again is None) is (kind is MemoryKind.DENSE)
+    edited = conversation.edit(answer, "Lakes are still.").nodes[0]
+    after = generator.warm(tree.path_to(edited.id))
+    assert after is not None
+    assert after.reused_tokens == len(generator.prompts.target(path))
+    assert after.decoded_tokens == len(edited.tokens or ()) - len(
+        generator.prompts.generation_prompt(path))
+
+    cold = Generator(make_runtime(tiny_models[kind.value], n_ctx=1024, n_batch=16),
+                     sampling=SAMPLING, use_cache=False)
+    tree2, reply2 = _conversation(cold)
+    user2 = tree2.add_child(reply2, Role.USER, "And lakes?")
+    assert text == _reply(cold, tree2, user2.id, seed=7)[1]

@@ -414,7 +414,7 @@ def test_an_edit_inside_a_long_message_restarts_at_the_grid_point_before_it(
     assert report.decoded_tokens < grid + len(target) - change
     # Exactly a full reprocess: the logits, and the reply of a context that saw nothing else.
     assert np.array_equal(logits, fresh_logits(runtime, target,
-                                               generator.prompts.marks(edited_path)))
+                                               generator.prompts.target_marks(edited_path)))
     cold = Generator(make_runtime(tiny_models[kind.value], n_ctx=2048, n_batch=64),
                      sampling=GREEDY, use_cache=False)
     cold.prepare(edited_path)
