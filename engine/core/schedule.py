@@ -15,7 +15,7 @@ a path at the same places. Those places are a function of the path alone:
   edit inside one re-decodes at most a grid step before the change. Only inside stretches
   between two marks of at least `long_run` tokens: a model whose cache cannot be cut back
   (recurrent, hybrid, sliding window) restarts an edit at a saved state, and saves none
-  inside a shorter message (engine.storage.checkpoints.plan_inner), so there the grid would
+  inside a shorter message (engine.storage.placement.plan_inner), so there the grid would
   only split the decode (on a Mamba 12x768 at 8k tokens, a 270-token turn in seven chunks
   took 730 ms, in three 700 ms); a dense cache is cut back to any chunk end, so it keeps
   the grid everywhere (`long_run` 0);

@@ -26,13 +26,8 @@ from engine.core.templates import TemplateChoice, TemplateOrigin, choose_templat
 from engine.core.tree import Node, Role
 from engine.llm.llama import apply_builtin_template, builtin_template_names
 from engine.llm.runtime import Generation, PrepareReport, Runtime
-from engine.storage.checkpoints import (
-    INNER_MOST,
-    Checkpoint,
-    CheckpointStore,
-    plan_inner,
-    plan_saves,
-)
+from engine.storage.checkpoints import Checkpoint, CheckpointStore
+from engine.storage.placement import INNER_MOST, plan_inner, plan_saves
 
 log = logging.getLogger(__name__)
 

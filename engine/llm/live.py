@@ -21,7 +21,8 @@ from engine.core.memory import MemoryKind
 from engine.core.prefix import common_prefix
 from engine.core.schedule import Schedule, decode_schedule
 from engine.llm.llama import LlamaContext, LlamaModel
-from engine.storage.checkpoints import PARTIAL_ONLY, Checkpoint, inner_span
+from engine.storage.checkpoints import PARTIAL_ONLY, Checkpoint
+from engine.storage.placement import inner_span
 
 log = logging.getLogger(__name__)
 
