@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import struct
+import tempfile
 import tracemalloc
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, replace
@@ -18,6 +19,8 @@ from typing import Any
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from engine.core.memory import MemoryKind
 from engine.core.prefix import packed
@@ -426,6 +429,29 @@ def test_spills_give_way_to_a_waiting_request_within_the_slack(
 
     store.enforce_budget()  # nothing waits: down to the budget
     assert store.stats().ram_bytes == 4000 and store.stats().disk_count == 2
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(1, 3000), st.booleans()), min_size=1, max_size=25))
+def test_under_a_constant_stream_of_requests_ram_stays_within_the_slack(
+    stream: list[tuple[int, bool]],
+) -> None:
+    """A request waits after every one (`yield_to` always true, or now and then): spills give
+    way each time, yet RAM never ends a call more than a quarter over the budget, nothing is
+    lost, and an idle call brings it down to the budget."""
+    with tempfile.TemporaryDirectory() as folder:
+        store = CheckpointStore(_identity(), key=KEY, ram_budget=4000, disk_dir=Path(folder))
+        for node, (size, waiting) in enumerate(stream, 1):
+            store.add(_fake([1, 2, node], size, node=node))
+            store.enforce_budget(yield_to=lambda waiting=waiting: waiting)
+            ram = store.stats().ram_bytes
+            assert ram <= (4000 + 4000 // checkpoints_module.SPILL_SLACK if waiting else 4000)
+        assert {c.node_id for c in store.all()} == set(range(1, len(stream) + 1))
+        store.enforce_budget()
+        assert store.stats().ram_bytes <= 4000
+        for checkpoint in store.all():
+            fetched = store.fetch(checkpoint)
+            assert fetched is not None and fetched.blob == bytearray(len(fetched.blob or b""))
 
 
 def test_without_a_disk_tier_eviction_drops(tmp_path: Path) -> None:
