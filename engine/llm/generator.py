@@ -281,8 +281,11 @@ class Generator:
         return reasoning_closer(self.prompts.generation_prompt_text(path))
 
     def after_reply(self, yield_to: Callable[[], bool] | None = None) -> None:
-        """Spill checkpoints over the budget: after the reply, so it never delays one, and
-        giving way to the next request once `yield_to()` (CheckpointStore.enforce_budget)."""
+        """After a request's last event, so that neither delays it: take the prompt-end
+        checkpoint a dense cache defers past the reply (Runtime.captures_after_reply), then
+        spill checkpoints over the budget, giving way to the next request once `yield_to()`
+        (CheckpointStore.enforce_budget)."""
+        self.runtime.flush_capture()
         if self.checkpoints is not None:
             self.checkpoints.enforce_budget(yield_to)
 

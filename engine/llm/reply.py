@@ -139,7 +139,8 @@ def run_reply(
     The generation prompt is rendered once, for the reply's tokens. A stop during the
     prepare raises `Cancelled` (nothing was said); a stop during generation returns what was
     said so far, finished as `FinishReason.CANCELLED`. Other errors propagate. Call
-    `generator.after_reply()` once the result is delivered (it may spill checkpoints).
+    `generator.after_reply()` once the result is delivered (it takes a dense cache's
+    prompt-end checkpoint and may spill checkpoints).
     `on_opened` is called before the first piece when the generation prompt opened the
     reply's reasoning, so a front end shows the streaming text as reasoning from the start
     (the finished reply's meta says so too: `engine.core.reasoning.OPENED`).

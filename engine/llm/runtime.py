@@ -236,7 +236,9 @@ class Runtime(LiveState):
         A checkpoint asked for at the very end of the target is taken later, by
         `flush_capture`: `generate` calls it once the first token is sampled (sampling reads
         the logits and leaves the cache as it is), so copying the cache costs no time to the
-        first token. Anything that changes the context flushes it first.
+        first token; on a dense cache, once the reply is over (`captures_after_reply`: the
+        engine calls it after the request's last event). Anything that changes the context
+        flushes it first.
         """
         self.flush_capture()
         target = list(target)
@@ -378,14 +380,16 @@ class Runtime(LiveState):
             self.ctx.arm_abort(None)
 
     def _before_reply_decode(self) -> None:
-        """Before the first reply token is decoded: take the deferred checkpoint, and settle
-        a sliding-window cache that holds exactly a prompt. A prompt's end is then settled
-        in every mode, as its restored checkpoint is, so a reply decodes into the same cells
-        whether the prompt was decoded, kept live or restored without a decode (on Gemma 3
-        270M the unsettled and the restored cache gave replies apart at once)."""
+        """Before the first reply token is decoded: take the deferred checkpoint (on a dense
+        cache, after the reply: `captures_after_reply`), and settle a sliding-window cache
+        that holds exactly a prompt. A prompt's end is then settled in every mode, as its
+        restored checkpoint is, so a reply decodes into the same cells whether the prompt was
+        decoded, kept live or restored without a decode (on Gemma 3 270M the unsettled and
+        the restored cache gave replies apart at once)."""
         n = len(self._live)
         if not (self._settles and not self._settled and self.canonical_tokens == n):
-            self.flush_capture()
+            if not self.captures_after_reply:
+                self.flush_capture()
             return
         pending, self._pending_capture = self._pending_capture, None
         if pending is not None and pending.n == n:  # (no twin: a window model's is 16 MB)
@@ -464,7 +468,8 @@ class Runtime(LiveState):
                 self._stale = False
         finally:
             sampler.close()
-            self.flush_capture()  # a reply that ended before its first decode
+            if not self.captures_after_reply:
+                self.flush_capture()  # a reply that ended before its first decode
         pieces.append(decoder.decode(b"", final=True))
         return Generation(
             tokens=tuple(tokens),

@@ -1,5 +1,6 @@
-"""Which states a reply's prepare saves on the kinds that cannot cut their cache back: not the
-last message's end where the prompt-end state, a few tokens on, serves every path it would."""
+"""Which states a reply's prepare saves, and when: on the kinds that cannot cut their cache back
+not the last message's end where the prompt-end state, a few tokens on, serves every path it
+would; on a dense cache the prompt's end once the reply is over."""
 
 from __future__ import annotations
 
@@ -13,8 +14,9 @@ from engine.core.results import Source
 from engine.core.tree import Role, Tree
 from engine.llm.generator import Generator
 from engine.llm.llama import SamplingParams
-from engine.storage.checkpoints import CheckpointStore
+from engine.storage.checkpoints import Checkpoint, CheckpointStore
 from tests.conftest import RuntimeFactory
+from tests.helpers import random_tokens
 
 GREEDY = SamplingParams(temperature=0.0)
 CUT_BACK_NEVER = [MemoryKind.SLIDING_WINDOW, MemoryKind.RECURRENT, MemoryKind.HYBRID]
@@ -54,3 +56,41 @@ def test_the_prompt_end_stands_for_the_message_end_and_serves_an_edited_reply(
                      sampling=GREEDY, use_cache=False)
     cold.prepare(tree.path_to(after.id))
     assert cold.generate(max_tokens=6, seed=2).tokens == answer.tokens
+
+
+@pytest.mark.parametrize("kind", list(MemoryKind), ids=lambda k: k.value)
+def test_a_dense_cache_takes_the_prompt_end_after_the_reply_the_same_as_before_it(
+    kind: MemoryKind, tiny_models: dict[str, Path], make_runtime: RuntimeFactory
+) -> None:
+    """On a dense cache the prompt-end checkpoint (the whole KV cache) waits until the reply
+    is over, so it never holds up the reply's second token; cutting the reply's cells off
+    then gives exactly the state a capture at the prompt's end gives. The other kinds take
+    it by the first token, as their state moves on with the reply."""
+    target, marks = random_tokens(100), [60]
+    runtime = make_runtime(tiny_models[kind.value], n_ctx=1024, n_batch=16)
+    kept: list[Checkpoint] = []
+    runtime.prepare(target, marks=marks, save_at=[100], on_checkpoint=kept.append)
+    first = runtime.generate(max_tokens=8, sampling=GREEDY, seed=1)
+    assert len(first.tokens) > 1 and len(runtime.live_tokens) > len(target)
+    dense = kind is MemoryKind.DENSE
+    assert runtime.captures_after_reply is dense
+    assert (kept == []) is dense
+    runtime.flush_capture()
+    checkpoint = next(c for c in kept if not c.partial)
+    assert checkpoint.tokens == tuple(target) and checkpoint.logits is not None
+    if not dense:
+        return
+    assert runtime.live_tokens == tuple(target)  # the reply cut off
+
+    direct: list[Checkpoint] = []  # taken at the prompt's end, in a context without a reply
+    other = make_runtime(tiny_models[kind.value], n_ctx=1024, n_batch=16)
+    other.prepare(target, marks=marks, save_at=[100], on_checkpoint=direct.append)
+    other.flush_capture()
+    assert (checkpoint.blob, checkpoint.logits) == (direct[0].blob, direct[0].logits)
+    other.clear()
+    restored = other.prepare(target, marks=marks, checkpoints=[checkpoint])
+    assert (restored.source, restored.decoded_tokens) == (Source.CHECKPOINT, 0)
+    assert other.generate(max_tokens=8, sampling=GREEDY, seed=1).tokens == first.tokens
+    swipe = runtime.prepare(target, marks=marks)  # the live cache, with the kept logits
+    assert (swipe.source, swipe.decoded_tokens) == (Source.LIVE, 0)
+    assert runtime.generate(max_tokens=8, sampling=GREEDY, seed=1).tokens == first.tokens
