@@ -132,6 +132,7 @@ def test_the_same_prompt_again_decodes_nothing_and_replies_as_a_full_reprocess(
     saved: list[Checkpoint] = []
     runtime.prepare(target, marks=marks, save_at=[150], on_checkpoint=saved.append)
     first = runtime.generate(max_tokens=16, sampling=HOT, seed=4)
+    runtime.flush_capture()  # (a dense cache takes it after the reply: Generator.after_reply)
     (end,) = saved
     assert end.tokens == tuple(target) and end.logits_size == 4 * runtime.model.n_vocab
     # The live cache holds the reply's tokens: only a dense one can be cut back to the end.
