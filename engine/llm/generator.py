@@ -282,7 +282,8 @@ class Generator:
 
     def after_reply(self, yield_to: Callable[[], bool] | None = None) -> None:
         """After a request's last event, so that neither delays it: take the prompt-end
-        checkpoint a dense cache defers past the reply (Runtime.captures_after_reply), then
+        checkpoint a dense cache or a hybrid's whole state defers past the reply
+        (LiveState.waits_for_reply), then
         spill checkpoints over the budget, giving way to the next request once `yield_to()`
         (CheckpointStore.enforce_budget)."""
         self.runtime.flush_capture()

@@ -33,12 +33,15 @@ STATE_FLAGS = 0  # whole per-sequence state: the only kind safe for every memory
 class PendingCapture:
     """The prompt-end checkpoint `prepare` asked for, taken once the first token is sampled:
     at `n` live tokens, for `keep`; a partial state (`partial`), or the whole state and
-    (`twin`) a partial one beside it."""
+    (`twin`) a partial one beside it. `base`: that partial twin, taken already; the whole
+    state waits until the reply is over, when the twin and the attention cache cut back
+    rebuild the prompt's state (`LiveState.flush_capture`)."""
 
     n: int
     keep: Callable[[Checkpoint], None]
     partial: bool = False
     twin: bool = False
+    base: Checkpoint | None = None
 
 
 @dataclass(frozen=True)
@@ -439,17 +442,32 @@ class LiveState:
         tokens it cuts off were decoded one at a time, which no later prompt reuses."""
         return self.memory_kind is MemoryKind.DENSE
 
+    def waits_for_reply(self) -> bool:
+        """Whether the prompt-end capture waiting now is left until the reply is over: on a
+        dense cache (`captures_after_reply`), or a hybrid's whole state once its partial
+        twin is taken (`PendingCapture.base`)."""
+        pending = self._pending_capture
+        return pending is not None and (self.captures_after_reply or pending.base is not None)
+
     def flush_capture(self) -> None:
-        """Take the deferred prompt-end checkpoint now, if one is waiting (on a dense cache
-        after a reply, cutting the reply off first: `captures_after_reply`)."""
+        """Take the deferred prompt-end checkpoint now, if one is waiting. After a reply,
+        the prompt's state is rebuilt first: on a dense cache by cutting the reply off
+        (`captures_after_reply`), on a hybrid by loading the partial twin taken at the first
+        token and cutting the attention cache back (`PendingCapture.base`); the reply's
+        one-token decodes are never reused anyway."""
         pending, self._pending_capture = self._pending_capture, None
         if pending is None:
             return
-        if (self.captures_after_reply and len(self._live) > pending.n
-                and self.canonical_tokens == pending.n
-                and self._keep_live_prefix(pending.n) != pending.n):
-            log.warning("deferred checkpoint dropped: the cache could not be cut back to it")
-            return
+        n = pending.n
+        if pending.base is not None or len(self._live) > n:  # (a decode may have begun)
+            if pending.base is not None:
+                rebuilt = self._restore_partial(pending.base)
+            else:
+                rebuilt = (self.captures_after_reply and self.canonical_tokens == n
+                           and self._keep_live_prefix(n) == n)
+            if not rebuilt:
+                log.warning("deferred checkpoint dropped: the prompt's state was not rebuilt")
+                return
         if len(self._live) == pending.n and self.canonical_tokens == pending.n:
             pending.keep(self.capture(partial=pending.partial))
             if pending.twin:

@@ -236,9 +236,9 @@ class Runtime(LiveState):
         A checkpoint asked for at the very end of the target is taken later, by
         `flush_capture`: `generate` calls it once the first token is sampled (sampling reads
         the logits and leaves the cache as it is), so copying the cache costs no time to the
-        first token; on a dense cache, once the reply is over (`captures_after_reply`: the
-        engine calls it after the request's last event). Anything that changes the context
-        flushes it first.
+        first token; on a dense cache, and a hybrid's whole state beside its partial twin,
+        once the reply is over (`LiveState.waits_for_reply`: the engine calls it after the
+        request's last event). Anything that changes the context flushes it first.
         """
         self.flush_capture()
         target = list(target)
@@ -381,14 +381,24 @@ class Runtime(LiveState):
 
     def _before_reply_decode(self) -> None:
         """Before the first reply token is decoded: take the deferred checkpoint (on a dense
-        cache, after the reply: `captures_after_reply`), and settle a sliding-window cache
-        that holds exactly a prompt. A prompt's end is then settled in every mode, as its
-        restored checkpoint is, so a reply decodes into the same cells whether the prompt was
-        decoded, kept live or restored without a decode (on Gemma 3 270M the unsettled and
-        the restored cache gave replies apart at once)."""
+        cache after the reply, and on a hybrid only the partial twin now:
+        `LiveState.flush_capture`), and settle a sliding-window cache that holds exactly a
+        prompt. A prompt's end is then settled in every mode, as its restored checkpoint is,
+        so a reply decodes into the same cells whether the prompt was decoded, kept live or
+        restored without a decode (on Gemma 3 270M the unsettled and the restored cache gave
+        replies apart at once)."""
         n = len(self._live)
         if not (self._settles and not self._settled and self.canonical_tokens == n):
-            if not self.captures_after_reply:
+            pending = self._pending_capture
+            if (pending is not None and pending.n == n and pending.twin
+                    and self.canonical_tokens == n):
+                # A hybrid: the partial twin now (under a millisecond), what a swipe restores
+                # while the cache holds the prompt; the whole state (the attention cache:
+                # 198 ms at 16k tokens on the bench model) once the reply is over.
+                base = self.capture(partial=True)
+                pending.keep(base)
+                self._pending_capture = replace(pending, twin=False, base=base)
+            elif not self.captures_after_reply:
                 self.flush_capture()
             return
         pending, self._pending_capture = self._pending_capture, None
@@ -468,7 +478,7 @@ class Runtime(LiveState):
                 self._stale = False
         finally:
             sampler.close()
-            if not self.captures_after_reply:
+            if not self.waits_for_reply():
                 self.flush_capture()  # a reply that ended before its first decode
         pieces.append(decoder.decode(b"", final=True))
         return Generation(

@@ -59,26 +59,31 @@ def test_the_prompt_end_stands_for_the_message_end_and_serves_an_edited_reply(
 
 
 @pytest.mark.parametrize("kind", list(MemoryKind), ids=lambda k: k.value)
-def test_a_dense_cache_takes_the_prompt_end_after_the_reply_the_same_as_before_it(
+def test_the_whole_prompt_end_state_waits_for_the_reply_where_it_can_be_rebuilt(
     kind: MemoryKind, tiny_models: dict[str, Path], make_runtime: RuntimeFactory
 ) -> None:
     """On a dense cache the prompt-end checkpoint (the whole KV cache) waits until the reply
     is over, so it never holds up the reply's second token; cutting the reply's cells off
-    then gives exactly the state a capture at the prompt's end gives. The other kinds take
-    it by the first token, as their state moves on with the reply."""
+    then gives exactly the state a capture at the prompt's end gives. On a hybrid the partial
+    twin is taken at the first token and the whole state after the reply, rebuilt from the
+    twin and the attention cache cut back. The other kinds take it by the first token, as
+    their state moves on with the reply."""
     target, marks = random_tokens(100), [60]
     runtime = make_runtime(tiny_models[kind.value], n_ctx=1024, n_batch=16)
+    twin = runtime.cheap_partials  # what the generator asks for (`twin_end`)
     kept: list[Checkpoint] = []
-    runtime.prepare(target, marks=marks, save_at=[100], on_checkpoint=kept.append)
+    runtime.prepare(target, marks=marks, save_at=[100], on_checkpoint=kept.append,
+                    twin_end=twin)
     first = runtime.generate(max_tokens=8, sampling=GREEDY, seed=1)
     assert len(first.tokens) > 1 and len(runtime.live_tokens) > len(target)
-    dense = kind is MemoryKind.DENSE
-    assert runtime.captures_after_reply is dense
-    assert (kept == []) is dense
-    runtime.flush_capture()
+    waits = kind in (MemoryKind.DENSE, MemoryKind.HYBRID)
+    assert runtime.captures_after_reply is (kind is MemoryKind.DENSE)
+    assert twin is (kind is MemoryKind.HYBRID)
+    assert [c.partial for c in kept] == ([True] if twin else [] if waits else [False])
+    runtime.flush_capture()  # the engine's after_reply
     checkpoint = next(c for c in kept if not c.partial)
     assert checkpoint.tokens == tuple(target) and checkpoint.logits is not None
-    if not dense:
+    if not waits:
         return
     assert runtime.live_tokens == tuple(target)  # the reply cut off
 
