@@ -393,8 +393,9 @@ class Runtime(LiveState):
             if (pending is not None and pending.n == n and pending.twin
                     and self.canonical_tokens == n):
                 # A hybrid: the partial twin now (under a millisecond), what a swipe restores
-                # while the cache holds the prompt; the whole state (the attention cache:
-                # 198 ms at 16k tokens on the bench model) once the reply is over.
+                # while the cache holds the prompt; the whole state (with the attention cache:
+                # 40 ms at 16k tokens on the bench model, the twin's load included) once the
+                # reply is over.
                 base = self.capture(partial=True)
                 pending.keep(base)
                 self._pending_capture = replace(pending, twin=False, base=base)
