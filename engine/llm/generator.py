@@ -283,9 +283,8 @@ class Generator:
     def after_reply(self, yield_to: Callable[[], bool] | None = None) -> None:
         """After a request's last event, so that neither delays it: take the prompt-end
         checkpoint a dense cache or a hybrid's whole state defers past the reply
-        (LiveState.waits_for_reply), then
-        spill checkpoints over the budget, giving way to the next request once `yield_to()`
-        (CheckpointStore.enforce_budget)."""
+        (LiveState.waits_for_reply), then spill checkpoints over the budget, giving way to
+        the next request once `yield_to()` (CheckpointStore.enforce_budget)."""
         self.runtime.flush_capture()
         if self.checkpoints is not None:
             self.checkpoints.enforce_budget(yield_to)
