@@ -10,21 +10,49 @@ from engine.core.memory import MemoryKind
 from engine.core.tree import NodeStatus
 from engine.llm.llama import SamplingParams
 from engine.llm.runtime import Runtime, RuntimeSettings
+from engine.service.client import InProcessClient, Receive
+from engine.service.protocol import Event, Piece
 from engine.service.session import GenerationOptions, Session
 from engine.storage.checkpoints import CheckpointStore
 from engine.storage.store import Store, StoreSink
 from tests.conftest import ALL_KINDS
 
 
-def _stop_after(n: int) -> GenerationOptions:
-    seen: list[str] = []
-    return GenerationOptions(max_tokens=40, on_text=seen.append, cancel=lambda: len(seen) >= n)
+def _stop_after(n: int, session: Session, monkeypatch: pytest.MonkeyPatch) -> GenerationOptions:
+    """A stop the engine sees right after its `n`th piece, whatever the threads' timing.
+
+    A `cancel` is polled on the caller's thread, so the engine may sample another token or
+    two before the stop reaches it. Here the stop is set on the engine's thread as it hands
+    out the `n`th piece, before it samples the next token: both runs a test compares stop at
+    the same token."""
+    engine = session.engine
+    assert isinstance(engine, InProcessClient)
+    tap = engine.tap
+
+    def counting_tap(request_id: int, receive: Receive | None) -> None:
+        if receive is None:
+            tap(request_id, None)
+            return
+        pieces = 0
+
+        def counted(event: Event) -> None:
+            nonlocal pieces
+            if isinstance(event, Piece):
+                pieces += 1
+                if pieces == n:
+                    engine.stop(request_id)
+            receive(event)
+
+        tap(request_id, counted)
+
+    monkeypatch.setattr(engine, "tap", counting_tap)
+    return GenerationOptions(max_tokens=40)
 
 
 @pytest.mark.parametrize("warm", [False, True], ids=["cold", "warmed"])
 @pytest.mark.parametrize("kind", ALL_KINDS, ids=lambda k: k.value)
 def test_an_interrupted_reply_continues_exactly_as_a_full_reprocess_would(
-    kind: MemoryKind, warm: bool, tiny_models: dict[str, Path]
+    kind: MemoryKind, warm: bool, tiny_models: dict[str, Path], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """With a warm-up between the stop and the Continue (the app's, while the user reads),
     the Continue decodes nothing; without one, it decodes the reply's tokens again."""
@@ -36,7 +64,8 @@ def test_an_interrupted_reply_continues_exactly_as_a_full_reprocess_would(
             session = Session(runtime, system="S", seed=4, use_cache=use_cache, checkpoints=store,
                               sampling=SamplingParams(temperature=0.9))
             session.send("Tell me a story.", GenerationOptions(max_tokens=6))
-            stopped = session.send("Another one.", _stop_after(3))
+            with monkeypatch.context() as patch:
+                stopped = session.send("Another one.", _stop_after(3, session, patch))
             reply = session.tree.node(stopped.node_id or -1)
             assert reply.status is NodeStatus.INTERRUPTED and stopped.report is not None
             assert stopped.report.generated_tokens == 3
