@@ -333,9 +333,8 @@ class Generator:
                              and self.prompts.replies_keep_opening)
         partial = runtime.partial_states
         room = _inner_room(store, partial=partial)
-        cheap = runtime.cheap_partials
-        inner = set(plan_inner(kind, schedule, ends, runtime.grid, most=min(INNER_MOST, room),
-                               cheap=cheap)[-room:] if room else ())
+        inner = set(plan_inner(kind, schedule, ends, runtime.grid,
+                               most=min(INNER_MOST, room))[-room:] if room else ())
         inner -= set(planned)
         # A candidate of that length holds exactly that state.
         saves = [n for n in sorted({*planned, *inner}) if n not in saved]
@@ -365,7 +364,7 @@ class Generator:
             fetch=store.fetch,
             save_at=saves,
             partial_at=partial_at,
-            twin_end=cheap,
+            twin_end=runtime.cheap_partials,
             on_checkpoint=keep,
             on_progress=on_progress,
             on_plan=on_plan,

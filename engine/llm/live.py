@@ -98,8 +98,7 @@ class LiveState:
         self.cheap_partials = self.partial_states and self.memory_kind is MemoryKind.HYBRID
         # The grid only inside stretches that get inner checkpoints, where the cache cannot
         # be cut back to a chunk end (engine.core.schedule).
-        self.long_run = 0 if self.memory_kind is MemoryKind.DENSE else inner_span(
-            grid, cheap=self.cheap_partials)
+        self.long_run = 0 if self.memory_kind is MemoryKind.DENSE else inner_span(grid)
         self._settled = False
         self._scratch: bytearray | None = None  # where settles that keep nothing save
         # A saved state of the live prefix: what brings a cache that cannot roll an aborted

@@ -51,21 +51,23 @@ def plan_saves(
 
 # Inside a long message: a message of at least LONG_MESSAGE tokens (and two grid steps) gets
 # checkpoints on the grid, at most INNER_MOST of them (a longer message gets them every few
-# grid steps). A chat turn of a few hundred tokens gets none where a capture is the whole
-# state: on the sliding-window model each one settles the cache, and a whole hybrid state at
-# 8k tokens of context is 33 MB (22-100 ms); a 300-token turn took four, paid before every new
-# turn's first token to spare an edit inside it at most 300 tokens of decode. Where captures
-# are a hybrid's partial states (its recurrent part: 0.3 MB, under a millisecond) two grid
-# steps suffice; a window model's partial state is its window cache, 16 MB on Gemma 3 270M.
+# grid steps). A chat turn of a few hundred tokens gets none, on every kind that cannot cut
+# back, and so no grid points either (engine.core.schedule, `long_run`): where a capture is
+# the whole state it costs the most (on the sliding-window model each one settles the cache;
+# a whole hybrid state at 8k tokens of context is 33 MB, 22-100 ms), and even where it is
+# nearly free (a hybrid's partial state, 0.3 MB in 0.1 ms) the chunks are not: on the hybrid
+# bench model at 8k tokens a 266-token turn decoded in five grid chunks took 788 ms, in one
+# 736 ms, which put a new turn behind llama-server's (one batch). An edit inside such a
+# message restarts at its start, as llama-server's does.
 LONG_MESSAGE = 512
 INNER_MOST = 16
 
 
-def inner_span(grid: int, *, cheap: bool) -> int:
+def inner_span(grid: int) -> int:
     """The shortest message that gets inner checkpoints (`plan_inner`): also the shortest
     stretch the decode schedule puts grid points in, where the cache cannot be cut back
     (engine.core.schedule, `long_run`)."""
-    return 2 * grid if cheap else max(LONG_MESSAGE, 2 * grid)
+    return max(LONG_MESSAGE, 2 * grid)
 
 
 def plan_inner(
@@ -75,7 +77,6 @@ def plan_inner(
     grid: int,
     *,
     most: int = INNER_MOST,
-    cheap: bool = False,
 ) -> list[int]:
     """Inner checkpoints: grid points inside long messages, for the kinds that cannot cut
     their cache back (recurrent, hybrid, sliding window).
@@ -86,8 +87,7 @@ def plan_inner(
     decodes at most a step plus the rest of the message. The step is the grid, or a
     multiple of it so that one message gets at most `most` (the caller sizes `most` by the
     memory it may use); a message shorter than LONG_MESSAGE tokens (or two grid steps) gets
-    none, so a normal message costs no capture more, unless the captures are `cheap` (a
-    hybrid's partial states): then two grid steps are long enough. Like `plan_saves`, the answer
+    none, so a normal message costs no capture and no chunk more. Like `plan_saves`, the answer
     depends on the schedule (and `most`) alone; the store keeps these in the room the other
     checkpoints leave and evicts them first (`CheckpointStore.add`).
     """
@@ -98,7 +98,7 @@ def plan_inner(
     out: list[int] = []
     for start, stop in itertools.pairwise(bounds):
         span = stop - start
-        if span < inner_span(grid, cheap=cheap):
+        if span < inner_span(grid):
             continue
         step = grid * max(1, -(-span // (grid * most)))
         first = (start // step + 1) * step
