@@ -333,7 +333,7 @@ class Generator:
                              and self.prompts.replies_keep_opening)
         partial = runtime.partial_states
         room = _inner_room(store, partial=partial)
-        inner = set(plan_inner(kind, schedule, ends, runtime.grid,
+        inner = set(plan_inner(kind, schedule, marks, runtime.grid,
                                most=min(INNER_MOST, room))[-room:] if room else ())
         inner -= set(planned)
         # A candidate of that length holds exactly that state.

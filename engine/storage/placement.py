@@ -73,7 +73,7 @@ def inner_span(grid: int) -> int:
 def plan_inner(
     kind: MemoryKind,
     schedule: Schedule,
-    node_ends: Sequence[int],
+    marks: Sequence[int],
     grid: int,
     *,
     most: int = INNER_MOST,
@@ -87,14 +87,17 @@ def plan_inner(
     decodes at most a step plus the rest of the message. The step is the grid, or a
     multiple of it so that one message gets at most `most` (the caller sizes `most` by the
     memory it may use); a message shorter than LONG_MESSAGE tokens (or two grid steps) gets
-    none, so a normal message costs no capture and no chunk more. Like `plan_saves`, the answer
-    depends on the schedule (and `most`) alone; the store keeps these in the room the other
-    checkpoints leave and evicts them first (`CheckpointStore.add`).
+    none, so a normal message costs no capture and no chunk more. A message is measured
+    between the schedule's `marks`, as the schedule measures the stretches it puts grid
+    points in (a message and the generation prompt after it are one stretch where they are
+    one chunk), so every grid point in a long stretch can hold one. Like `plan_saves`, the
+    answer depends on the schedule (and `most`) alone; the store keeps these in the room
+    the other checkpoints leave and evicts them first (`CheckpointStore.add`).
     """
     if kind is MemoryKind.DENSE or grid < 1 or most < 1:
         return []
     ends = set(schedule.ends)
-    bounds = sorted({0, *(n for n in node_ends if 0 < n < schedule.length), schedule.length})
+    bounds = sorted({0, *(n for n in marks if 0 < n < schedule.length), schedule.length})
     out: list[int] = []
     for start, stop in itertools.pairwise(bounds):
         span = stop - start

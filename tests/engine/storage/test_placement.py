@@ -98,6 +98,19 @@ def test_the_grid_splits_only_stretches_of_at_least_long_run_tokens() -> None:
                            long_run=512).ends == (10, 266, 400, 656, 700)
 
 
+def test_inner_checkpoints_measure_a_message_as_the_schedule_does() -> None:
+    """A 508-token message and the 5-token generation prompt after it are one chunk, one
+    stretch of 513 tokens between two marks: the schedule puts grid points in it, and each
+    of them gets an inner checkpoint (measured by the message's own end, none would)."""
+    marks = [20, 533]  # the system message's end; the prompt's end (the message's is none)
+    schedule = decode_schedule(533, n_batch=512, grid=64, marks=marks,
+                               long_run=inner_span(64))
+    grid = [*range(64, 533, 64)]
+    assert schedule.ends == (20, *grid, 533)
+    assert plan_inner(MemoryKind.RECURRENT, schedule, marks, 64) == grid
+    assert plan_inner(MemoryKind.RECURRENT, schedule, [20, 528], 64) == []  # by node ends
+
+
 def test_a_very_long_message_gets_a_bounded_number_of_inner_checkpoints() -> None:
     """The step grows by whole grid steps: a message of L tokens gets at most `most`."""
     node_ends = [10, 4010]
