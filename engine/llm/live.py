@@ -458,15 +458,16 @@ class LiveState:
         if pending is None:
             return
         n = pending.n
-        if pending.base is not None or len(self._live) > n:  # (a decode may have begun)
-            if pending.base is not None:
-                rebuilt = self._restore_partial(pending.base)
-            else:
-                rebuilt = (self.captures_after_reply and self.canonical_tokens == n
-                           and self._keep_live_prefix(n) == n)
-            if not rebuilt:
-                log.warning("deferred checkpoint dropped: the prompt's state was not rebuilt")
-                return
+        if pending.base is not None:
+            rebuilt = self._restore_partial(pending.base)
+        elif len(self._live) > n:  # a reply's tokens follow the prompt
+            rebuilt = (self.captures_after_reply and self.canonical_tokens == n
+                       and self._keep_live_prefix(n) == n)
+        else:
+            rebuilt = True  # the live cache holds exactly the prompt
+        if not rebuilt:
+            log.warning("deferred checkpoint dropped: the prompt's state was not rebuilt")
+            return
         if len(self._live) == pending.n and self.canonical_tokens == pending.n:
             pending.keep(self.capture(partial=pending.partial))
             if pending.twin:

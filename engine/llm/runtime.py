@@ -399,7 +399,7 @@ class Runtime(LiveState):
                 base = self.capture(partial=True)
                 pending.keep(base)
                 self._pending_capture = replace(pending, twin=False, base=base)
-            elif not self.captures_after_reply:
+            if not self.waits_for_reply():
                 self.flush_capture()
             return
         pending, self._pending_capture = self._pending_capture, None
