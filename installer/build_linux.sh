@@ -24,6 +24,11 @@ if ! ls "$LIB"/libllama.* >/dev/null 2>&1; then
   echo "build_linux: llama.cpp's libraries are missing from the bundle" >&2
   exit 1
 fi
+# llama.cpp's multimodal library (images through a model's projector); the self-test loads it.
+if ! ls "$LIB"/libmtmd.* >/dev/null 2>&1; then
+  echo "build_linux: libmtmd (llama.cpp's multimodal library) is missing from the bundle" >&2
+  exit 1
+fi
 # Every CPU's kernels: one CPU library per instruction-set level, the best chosen at run time.
 VARIANTS=$(cd "$LIB" && ls libggml-cpu-*.so 2>/dev/null | sed 's/^libggml-cpu-//; s/\.so$//' \
   | tr '\n' ' ')

@@ -11,15 +11,19 @@
 #
 # pip caches wheels by version, not by CMAKE_ARGS: a cached build of another backend would be
 # reused silently. So each backend has its own folder, ~/.cache/arbor/wheels-BACKEND, holding
-# its wheel and the sdist it came from (the RPC worker is compiled from it), and the result is
-# checked for the libraries that backend must have.
+# its wheel and the sdist it came from (the RPC worker is compiled from it); the folder records
+# the flags its wheel was built with (`flags`), a wheel built with other flags is built again,
+# and the result is checked for the libraries that backend must have.
+#
+# libmtmd (LLAVA_BUILD, llama.cpp's multimodal library: images through a model's projector) is
+# built for every backend; it links only llama and ggml.
 set -euo pipefail
 PY="$1"
 VERSION="$2"
 BACKEND="$3"
 DIR="${ARBOR_WHEEL_DIR:-$HOME/.cache/arbor/wheels-$BACKEND}"
 
-FLAGS="-DGGML_RPC=ON -DLLAVA_BUILD=OFF"
+FLAGS="-DGGML_RPC=ON -DLLAVA_BUILD=ON"
 # GGML_BACKEND_DIR is where ggml installs the backend libraries: relative to the wheel's root,
 # so typed STRING (a PATH given on the command line is made absolute against the build folder,
 # and the libraries miss the wheel).
@@ -45,6 +49,7 @@ names = {p.name for p in lib.iterdir()}
 def has(stem): return any(n.startswith(f"libggml-{stem}") or n.startswith(f"ggml-{stem}") for n in names)
 missing = [what for what, ok in (
     ("the RPC backend", has("rpc")),
+    ("libmtmd", any(n.startswith(("libmtmd", "mtmd")) for n in names)),
     ("CPU variant libraries", sys.platform == "darwin" or has("cpu-x64")),
     (f"the {backend} backend", backend in ("cpu", "metal") or has(backend)),
 ) if not ok]
@@ -59,6 +64,11 @@ installed() {
 }
 
 mkdir -p "$DIR"
+# A wheel cached under other flags (an older Arbor's) is not this build: drop it, keep the sdist.
+if [ "$(cat "$DIR/flags" 2>/dev/null)" != "$FLAGS" ]; then
+  rm -f "$DIR"/llama_cpp_python-*.whl
+  printf '%s' "$FLAGS" > "$DIR/flags"
+fi
 SDIST="$DIR/llama_cpp_python-$VERSION.tar.gz"
 if [ ! -f "$SDIST" ]; then
   "$PY" -m pip download --quiet --no-deps --no-binary :all: -d "$DIR" \

@@ -114,6 +114,9 @@ def _run(home: Path, say: Callable[[str], None]) -> None:
         window.deleteLater()
         app.processEvents()
 
+    from engine.llm.llama import multimodal_marker
+
+    say(f"libmtmd loads (its media marker: {multimodal_marker()})")
     runtime = Runtime(model, settings.runtime())
     try:
         reference = Session(runtime, system=SYSTEM, sampling=settings.sampling(),
