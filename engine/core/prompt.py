@@ -38,6 +38,7 @@ from engine.core.prefix import common_prefix
 from engine.core.results import CancelFn
 from engine.core.tools import TOOL_CALL_ID, TOOL_CALLS, TOOLS, calls_of, tools_of
 from engine.core.tree import Node, Role
+from engine.core.untrusted import ControlShield, tokenize_rendered
 
 log = logging.getLogger(__name__)
 
@@ -211,10 +212,14 @@ def _raise_template_exception(message: str) -> None:
 
 @dataclass(frozen=True)
 class Tokenizer:
-    """The two calls prompt building needs from a loaded model."""
+    """What prompt building needs from a loaded model's vocabulary."""
 
     tokenize: Callable[[str], list[int]]  # text with special tokens parsed, no BOS added
     bos: int | None  # the BOS token to put first, when the model wants one
+    # Text with no special tokens parsed (None: `tokenize`, for vocabularies without them),
+    # and the texts of the control tokens, which content never becomes (engine.core.untrusted).
+    plain: Callable[[str], list[int]] | None = None
+    controls: frozenset[str] = frozenset()
 
 
 class PromptBuilder:
@@ -223,6 +228,7 @@ class PromptBuilder:
     def __init__(self, template: Template, tokenizer: Tokenizer) -> None:
         self._template = template
         self._tok = tokenizer
+        self._shield = ControlShield(tokenizer.controls)
         # The last few renderings while `ensure_tokens` runs: a node's "before" is the
         # previous node's "after". Only a few are kept: each may be as long as the path.
         self._renders: OrderedDict[tuple[str, ...], str] | None = None
@@ -345,11 +351,16 @@ class PromptBuilder:
         return self.path_tokens(path) + self.generation_prompt(path)
 
     def generation_prompt(self, path: Sequence[Node]) -> list[int]:
-        return self._tok.tokenize(self.generation_prompt_text(path))
+        return self.tokenize(self.generation_prompt_text(path))
 
     def tokenize(self, text: str) -> list[int]:
-        """`text` as the model's tokens (special tokens parsed, no BOS)."""
-        return self._tok.tokenize(text)
+        """A rendering's `text` as the model's tokens (no BOS): special tokens parsed in the
+        template's text, never in the content it holds (engine.core.untrusted)."""
+        return tokenize_rendered(text, self._tok.tokenize, self._tok.plain or self._tok.tokenize)
+
+    def content_tokens(self, text: str) -> list[int]:
+        """A message's `text` as the tokens of its characters: no control tokens."""
+        return self.tokenize(self._shield.shield(text))
 
     def reply_tokens(
         self,
@@ -378,10 +389,11 @@ class PromptBuilder:
             return self._render_node([*path, reply], len(path))
         closing = self._reply_frame[1]
         later = self._later_reply_text(path, reply)
-        if later is not None and later != self.generation_prompt_text(path) + text + closing:
-            return self._tok.tokenize(later)
+        shown = self._shield.shield(text)
+        if later is not None and later != self.generation_prompt_text(path) + shown + closing:
+            return self.tokenize(later)
         start = list(opening) if opening is not None else self.generation_prompt(path)
-        return start + list(generated) + self._tok.tokenize(closing)
+        return start + list(generated) + self.tokenize(closing)
 
     def open_reply_tokens(self, path: Sequence[Node], reply: Node) -> list[int]:
         """A reply's tokens without its closing text: the prompt to continue it from."""
@@ -391,7 +403,7 @@ class PromptBuilder:
         # Imported or edited replies, and replies stored as the template renders them later
         # (no `open_len`: their tokens lack what the model read, e.g. the reasoning): the
         # generation prompt and the text as the model writes it.
-        return self.generation_prompt(path) + self._tok.tokenize(reply.text)
+        return self.generation_prompt(path) + self.content_tokens(reply.text)
 
     # --- internals ---------------------------------------------------------------------
 
@@ -399,7 +411,7 @@ class PromptBuilder:
         return self._node_tokens(index, self._node_text(path, index))
 
     def _node_tokens(self, index: int, text: str) -> list[int]:
-        tokens = self._tok.tokenize(text)
+        tokens = self.tokenize(text)
         if index == 0 and self._tok.bos is not None and tokens[:1] != [self._tok.bos]:
             tokens.insert(0, self._tok.bos)
         return tokens
@@ -448,7 +460,7 @@ class PromptBuilder:
 
     def generation_prompt_text(self, path: Sequence[Node]) -> str:
         """What the template adds after `path` for the reply to start."""
-        messages, tools = _messages(path), _tools(path)
+        messages, tools = self._messages(path), self._tools(path)
         with_prompt = self._template.render(messages, add_generation_prompt=True, tools=tools)
         without = self._template.render(messages, add_generation_prompt=False, tools=tools)
         if not with_prompt.startswith(without):
@@ -456,7 +468,7 @@ class PromptBuilder:
         return with_prompt[common_prefix(with_prompt, without):]
 
     def _render_messages(self, path: Sequence[Node]) -> str:
-        messages, tools = _messages(path), _tools(path)
+        messages, tools = self._messages(path), self._tools(path)
         if not messages:
             return ""
         if self._renders is None:
@@ -470,6 +482,21 @@ class PromptBuilder:
         else:
             self._renders.move_to_end(key)
         return text
+
+    def _messages(self, path: Sequence[Node]) -> list[dict[str, Any]]:
+        """The messages of `path` for the template, their content shielded."""
+        messages = _messages(path)
+        return [self._shield.shield_all(m) for m in messages] if self._shield else messages
+
+    def _tools(self, path: Sequence[Node]) -> list[dict[str, Any]] | None:
+        """The tools the conversation offers, their definitions shielded (an MCP server's
+        descriptions are content too)."""
+        tools = _tools(path)
+        return self._shield.shield_all(tools) if tools and self._shield else tools
+
+    def _shown(self, text: str) -> str:
+        """A message's text as it appears in a rendering."""
+        return self._shield.shield(text)
 
     def _render_prefix(self, messages: list[dict[str, Any]],
                        tools: list[dict[str, Any]] | None) -> str:
@@ -565,7 +592,7 @@ class _Tiling:
 
         head, seen = 0, 0
         while head < end and seen < 2:
-            seen += len(_messages(path[head:head + 1]))
+            seen += len(builder._messages(path[head:head + 1]))
             head += 1
         last = end - 1
         if last - head < 2:
@@ -573,7 +600,8 @@ class _Tiling:
         check()
         if any(_has_tools(node) for node in path[:end]):
             return None  # frames are per role and text; tool calls and results are not that
-        full = builder._template.render(_messages(path[:end]), add_generation_prompt=False)
+        full = builder._template.render(builder._messages(path[:end]),
+                                        add_generation_prompt=False)
         start = builder._render_messages(path[:head])
         if not full.startswith(start):
             return None
@@ -611,14 +639,15 @@ class _Tiling:
             later_known = node.role is not Role.ASSISTANT or path[index + 1].role is Role.USER
             if frame is not None and later_known and (consistent
                                                       or node.role is not Role.ASSISTANT):
-                for piece in frame.pieces(node.text):
+                for piece in frame.pieces(builder._shown(node.text)):
                     if full.startswith(piece, pos):
                         found = (piece, piece)
                         break
             if (found is None and frame is not None and reply_later is not None
                     and probe is not None and consistent and node.role is Role.ASSISTANT
                     and path[index + 1].role is Role.USER):
-                for seg, alone in zip(reply_later.pieces(node.text), frame.pieces(node.text),
+                shown = builder._shown(node.text)
+                for seg, alone in zip(reply_later.pieces(shown), frame.pieces(shown),
                                       strict=True):
                     if full.startswith(seg, pos):
                         found = (seg, alone)
@@ -664,8 +693,8 @@ def _learn_frame(builder: PromptBuilder, path: Sequence[Node], role: Role) -> _F
     base = builder._render_messages(path)
     try:
         probe = builder._template.render(
-            [*_messages(path), {"role": role.value, "content": _FRAME}],
-            add_generation_prompt=False, tools=_tools(path))
+            [*builder._messages(path), {"role": role.value, "content": _FRAME}],
+            add_generation_prompt=False, tools=builder._tools(path))
     except TemplateError:
         return None
     piece = probe[len(base) if probe.startswith(base) else _rewritten_end(base, probe):]
@@ -682,9 +711,9 @@ def _learn_reply_later(builder: PromptBuilder, path: Sequence[Node], probe: str
     base = builder._render_messages(path)
     try:
         later = builder._template.render(
-            [*_messages(path), {"role": "assistant", "content": _FRAME},
+            [*builder._messages(path), {"role": "assistant", "content": _FRAME},
              {"role": "user", "content": _SENTINEL}], add_generation_prompt=False,
-            tools=_tools(path))
+            tools=builder._tools(path))
     except TemplateError:
         return None
     piece = later[len(base):]

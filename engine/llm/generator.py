@@ -111,7 +111,9 @@ class Generator:
             template = ChatTemplate(embedded, bos_text=model.bos_text, eos_text=model.eos_text)
         else:
             template = BuiltinTemplate(self.template.name, apply_builtin_template)
-        return PromptBuilder(template, Tokenizer(tokenize=model.tokenize, bos=model.bos))
+        return PromptBuilder(template, Tokenizer(tokenize=model.tokenize, bos=model.bos,
+                                                 plain=model.tokenize_plain,
+                                                 controls=model.control_texts))
 
     # --- the three steps of a reply ------------------------------------------------------
 

@@ -164,6 +164,17 @@ def gpu_description() -> str | None:
     return raw.decode("utf-8", errors="replace").strip() if raw else None
 
 
+def multimodal_marker() -> str:
+    """Load libmtmd, llama.cpp's multimodal library (images through a model's projector), and
+    give its default media marker; raises ModelLoadError when this build lacks it."""
+    try:
+        from llama_cpp import mtmd_cpp
+    except (OSError, RuntimeError, FileNotFoundError) as exc:
+        raise ModelLoadError(f"this build of llama.cpp has no multimodal library: {exc}"
+                             ) from exc
+    return bytes(mtmd_cpp.mtmd_default_marker()).decode("utf-8", errors="replace")
+
+
 def builtin_template_names() -> list[str]:
     """The chat templates llama.cpp knows by name (`llama_chat_builtin_templates`)."""
     count = int(lc.llama_chat_builtin_templates(None, 0))
@@ -245,12 +256,14 @@ class LlamaModel:
         on_progress: Callable[[float], None] | None = None,
         repack: bool = True,
         fit: GpuFit | None = None,
+        vocab_only: bool = False,
     ) -> None:
         """`rpc_workers`: addresses already probed; layers go to them (and any GPU). The
         device list is always explicit once a worker was registered in this process, so a
         load without workers never uses one left registered by an earlier load. `repack`:
         let llama.cpp repack the weights for its fastest CPU kernels (engine.llm.repack). `fit`:
-        llama.cpp's fit for the GPU (it sets the layers)."""
+        llama.cpp's fit for the GPU (it sets the layers). `vocab_only`: the vocabulary and
+        metadata without the weights (a tokenizer; llama.cpp's vocabulary-only files)."""
         init_backend()
         self.path = path
         self.info = read_model_info(path)  # clear errors for missing or non-GGUF files
@@ -258,6 +271,7 @@ class LlamaModel:
         params.n_gpu_layers = n_gpu_layers
         params.use_mmap = True
         params.use_extra_bufts = repack
+        params.vocab_only = vocab_only
         if fit is not None:
             fit.apply(params)
         self._devices: ctypes.Array[ctypes.c_void_p] | None = None  # alive during the load
@@ -348,16 +362,37 @@ class LlamaModel:
 
     # --- vocabulary --------------------------------------------------------------------
 
-    def tokenize(self, text: str, *, add_special: bool = False) -> list[int]:
+    def tokenize(self, text: str, *, add_special: bool = False,
+                 special: bool = True) -> list[int]:
+        """`text` as tokens; `special`: control tokens' texts become those tokens (a chat
+        template's text), else they stay the tokens of their characters (content)."""
         data = text.encode("utf-8")
         capacity = len(data) + 8
         buf = (lc.llama_token * capacity)()
-        n = lc.llama_tokenize(self.vocab, data, len(data), buf, capacity, add_special, True)
+        n = lc.llama_tokenize(self.vocab, data, len(data), buf, capacity, add_special, special)
         if n < 0:
             capacity = -n
             buf = (lc.llama_token * capacity)()
-            n = lc.llama_tokenize(self.vocab, data, len(data), buf, capacity, add_special, True)
+            n = lc.llama_tokenize(self.vocab, data, len(data), buf, capacity, add_special,
+                                  special)
         return list(buf[:n])
+
+    def tokenize_plain(self, text: str) -> list[int]:
+        """`text` as the tokens of its characters: no control token is parsed in it."""
+        return self.tokenize(text, special=False)
+
+    @functools.cached_property
+    def control_texts(self) -> frozenset[str]:
+        """The texts of the tokens llama.cpp matches only with special tokens parsed (its
+        CONTROL and UNKNOWN attributes): what content must never turn into."""
+        wanted = lc.LLAMA_TOKEN_ATTR_CONTROL | lc.LLAMA_TOKEN_ATTR_UNKNOWN
+        out = set()
+        for token in range(self.n_vocab):
+            if int(lc.llama_vocab_get_attr(self.vocab, token)) & wanted:
+                raw = lc.llama_vocab_get_text(self.vocab, token)
+                if raw:
+                    out.add(raw.decode("utf-8", errors="replace"))
+        return frozenset(out)
 
     def token_bytes(self, token: int, *, special: bool = False) -> bytes:
         buf = ctypes.create_string_buffer(64)
