@@ -13,6 +13,8 @@ scope of its own), never with the window's.
 
 from __future__ import annotations
 
+import base64
+import binascii
 import hashlib
 import json
 import math
@@ -26,9 +28,11 @@ from typing import Any
 import jsonschema
 
 from engine.config.params import SamplingParams
+from engine.core.attachments import Document
 from engine.core.results import TokenLogprob
 from engine.core.tools import ToolCall
 from engine.core.tree import Role
+from engine.files.documents import DocumentError, document_from_bytes
 from engine.files.regular import FormatError
 from engine.files.strict_json import loads_strict
 
@@ -73,6 +77,7 @@ class Message:
     text: str
     tool_calls: tuple[ToolCall, ...] = ()  # an assistant message's calls
     tool_call_id: str | None = None  # a tool message: the call it answers
+    documents: tuple[Document, ...] = ()  # a user message's attached files (`file` parts)
 
 
 @dataclass(frozen=True)
@@ -395,6 +400,9 @@ def _messages(raw: object) -> tuple[str, tuple[Message, ...]]:
                           "messages")
             out.append(Message(role, _content(item.get("content"), where),
                                tool_call_id=call_id))
+        elif role is Role.USER:
+            text, documents = _user_content(item.get("content"), where)
+            out.append(Message(role, text, documents=documents))
         else:
             out.append(Message(role, _content(item.get("content"), where)))
     system = ""
@@ -437,6 +445,53 @@ def _content(raw: object, where: str) -> str:
             texts.append(part["text"])
         return "".join(texts)
     raise bad(f"{where} needs a string 'content'", "messages")
+
+
+def _user_content(raw: object, where: str) -> tuple[str, tuple[Document, ...]]:
+    """A user message's text and its attached files: OpenAI's `file` parts, each
+    `{"filename": ..., "file_data": "data:<type>;base64,..."}`, read as documents are in the
+    window (engine.files.documents). Parsing a PDF blocks: the server parses requests off
+    its event loop."""
+    if not isinstance(raw, list):
+        return _content(raw, where), ()
+    texts: list[str] = []
+    documents: list[Document] = []
+    for index, part in enumerate(raw):
+        kind = part.get("type") if isinstance(part, dict) else None
+        if kind == "file":
+            documents.append(_file_part(part.get("file"), f"{where}.content[{index}]"))
+        elif kind in ("image_url", "input_image"):
+            raise bad(f"{where}: images are not supported by this server yet", "messages")
+        else:
+            texts.append(_content([part], where))
+    return "".join(texts), tuple(documents)
+
+
+def _file_part(raw: object, where: str) -> Document:
+    if not isinstance(raw, dict):
+        raise bad(f"{where} needs a 'file' object", "messages")
+    if "file_id" in raw and "file_data" not in raw:
+        raise bad(f"{where}: Arbor keeps no uploaded files; send the file itself as "
+                  f"'file_data' (a data: URL)", "messages")
+    name, data = raw.get("filename"), raw.get("file_data")
+    if not isinstance(name, str) or not name:
+        raise bad(f"{where} needs a 'filename'", "messages")
+    if not isinstance(data, str):
+        raise bad(f"{where} needs 'file_data': a data: URL of the file", "messages")
+    match = re.fullmatch(r"data:[\w.+/-]*(?:;[\w=.-]+)*;base64,([A-Za-z0-9+/=\s]*)", data,
+                         re.ASCII)
+    if match is None:
+        raise bad(f"{where}: 'file_data' must be a base64 data: URL "
+                  f"(data:application/pdf;base64,...); Arbor fetches no remote file",
+                  "messages")
+    try:
+        content = base64.b64decode(match.group(1), validate=False)
+    except (binascii.Error, ValueError):
+        raise bad(f"{where}: 'file_data' is not valid base64", "messages") from None
+    try:
+        return document_from_bytes(name, content)
+    except DocumentError as exc:
+        raise bad(f"{where}: {exc}", "messages") from None
 
 
 def _stop(raw: object) -> tuple[str, ...]:

@@ -191,7 +191,9 @@ class _Api:
         return JSONResponse(asdict(self.worker.stats))
 
     async def chat(self, request: Request) -> Response:
-        chat = parse_chat(parse_body(await _body(request)))
+        body = parse_body(await _body(request))
+        # Off the event loop: an attached PDF is parsed in a process of its own, for seconds.
+        chat = await asyncio.to_thread(parse_chat, body)
         serving = self.model_id()
         if chat.model and chat.model != serving:
             raise ApiError(404, f"the model {chat.model[:80]!r} is not loaded here; this "

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from engine.api.schema import ChatRequest, Message
 from engine.api.worker import Begun
+from engine.core.attachments import DOCUMENTS, documents_of
 from engine.core.conversation import Conversation, ReplyJob
 from engine.core.errors import ArborError
 from engine.core.reasoning import OPENED, is_opened
@@ -110,6 +111,8 @@ class ApiTrees:
                     match.meta[TOOL_CALLS] = [call.to_meta() for call in message.tool_calls]
                 if message.tool_call_id is not None:
                     match.meta[TOOL_CALL_ID] = message.tool_call_id
+                if message.documents:
+                    match.meta[DOCUMENTS] = [d.to_meta() for d in message.documents]
                 added.append(match)
             node = match
         created = held.id is None
@@ -260,7 +263,8 @@ def _child(tree: Tree, parent: Node, message: Message) -> Node | None:
     text as it stands."""
     candidates = [tree.node(c) for c in parent.children]
     matching = [n for n in candidates if n.role is message.role and n.text == message.text
-                and n.status is not NodeStatus.STREAMING and _same_tools(n, message)]
+                and n.status is not NodeStatus.STREAMING and _same_tools(n, message)
+                and documents_of(n.meta) == message.documents]
     if not matching:
         return None
     if message.tool_calls:  # the reply that made these very calls, when there is one

@@ -10,9 +10,11 @@ Undo of a deleted branch lives here too, so every front end undoes the same way.
 from __future__ import annotations
 
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from engine.core.attachments import DOCUMENTS, Document
 from engine.core.reasoning import OPENED, is_opened
 from engine.core.results import LEFT_OUT, FinishReason, Rendered, ReplyResult
 from engine.core.tools import TOOL_CALL_ID, TOOL_SERVERS, TOOLS, ToolCall, calls_of
@@ -73,9 +75,11 @@ class Conversation:
 
     # --- messages -------------------------------------------------------------------------
 
-    def send(self, text: str) -> Change:
-        """A user message at the active leaf, to be answered."""
+    def send(self, text: str, documents: Sequence[Document] = ()) -> Change:
+        """A user message at the active leaf, with any documents attached, to be answered."""
         message = self.tree.add_child(self.tree.active_leaf, Role.USER, text)
+        if documents:
+            message.meta[DOCUMENTS] = [d.to_meta() for d in documents]
         return Change(nodes=(message,), reply=ReplyJob(message.id))
 
     def edit(self, node_id: int, text: str) -> Change:
@@ -90,6 +94,8 @@ class Conversation:
             new.meta[OPENED] = True
         if old.role is Role.TOOL and TOOL_CALL_ID in old.meta:
             new.meta[TOOL_CALL_ID] = old.meta[TOOL_CALL_ID]  # the same call, another result
+        if old.role is Role.USER and DOCUMENTS in old.meta:
+            new.meta[DOCUMENTS] = old.meta[DOCUMENTS]  # another question on the same documents
         answered = new.role in (Role.USER, Role.TOOL)
         return Change(nodes=(new,), reply=ReplyJob(new.id) if answered else None)
 

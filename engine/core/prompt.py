@@ -32,6 +32,7 @@ import jinja2.nodes
 import jinja2.parser
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
+from engine.core.attachments import documents_of, message_content
 from engine.core.call_formats import ToolFormat, ToolSupport, tool_format
 from engine.core.errors import ArborError, Cancelled
 from engine.core.prefix import common_prefix
@@ -54,6 +55,7 @@ _FRAME = "\u2063ARBOR-FRAME\u2063"  # a message's content while learning its fra
 # than each node rendered after its ancestors.
 TILE_FROM = 6
 _KEPT_RENDERS = 4
+_KEPT_DOCUMENT_ENDS = 64
 
 
 class TemplateError(ArborError):
@@ -232,6 +234,7 @@ class PromptBuilder:
         # The last few renderings while `ensure_tokens` runs: a node's "before" is the
         # previous node's "after". Only a few are kept: each may be as long as the path.
         self._renders: OrderedDict[tuple[str, ...], str] | None = None
+        self._document_ends: OrderedDict[tuple[object, ...], int] = OrderedDict()
         self._reply_frame = self._find_reply_frame()
         self._reply_opening = self._find_reply_opening()
 
@@ -302,8 +305,11 @@ class PromptBuilder:
         joined = self.replies_keep_opening
         out: list[int] = []
         position = 0
-        for node in path:
+        for index, node in enumerate(path):
             assert node.tokens is not None
+            inside = self.document_end(path, index)
+            if inside is not None:
+                out.append(position + inside)
             if node.role is Role.ASSISTANT:
                 opening = node.meta.get("prompt_len")
                 if not isinstance(opening, int) or not 0 < opening <= len(node.tokens):
@@ -314,6 +320,38 @@ class PromptBuilder:
                     out.append(position + opening)
             position += len(node.tokens)
             out.append(position)
+        return out
+
+    def document_end(self, path: Sequence[Node], index: int) -> int | None:
+        """Where the documents of user node `index` end in its tokens (engine.core.attachments),
+        if it has any: the tokens it shares with its rendering without the user's text. A
+        function of the node and the path before it; found once per node's tokens."""
+        node = path[index]
+        if node.role is not Role.USER or node.tokens is None:
+            return None
+        documents = documents_of(node.meta)
+        if not documents:
+            return None
+        key = (node.tokens, tuple(d.sha256 for d in documents), node.text)
+        found = self._document_ends.get(key)
+        if found is None:
+            alone = Node(id=node.id, parent=node.parent, role=Role.USER, text="",
+                         created=node.created, meta=dict(node.meta))
+            tokens = self._render_node([*path[:index], alone], index)
+            found = common_prefix(tokens, node.tokens)
+            self._document_ends[key] = found
+            while len(self._document_ends) > _KEPT_DOCUMENT_ENDS:
+                self._document_ends.popitem(last=False)
+        return found if 0 < found < len(node.tokens) else None
+
+    def document_ends(self, path: Sequence[Node]) -> list[int]:
+        """Where the documents end on `path`, as positions (see `document_end`)."""
+        out, position = [], 0
+        for index, node in enumerate(path):
+            inside = self.document_end(path, index)
+            if inside is not None:
+                out.append(position + inside)
+            position += len(node.tokens or ())
         return out
 
     def target_marks(self, path: Sequence[Node]) -> list[int]:
@@ -639,7 +677,7 @@ class _Tiling:
             later_known = node.role is not Role.ASSISTANT or path[index + 1].role is Role.USER
             if frame is not None and later_known and (consistent
                                                       or node.role is not Role.ASSISTANT):
-                for piece in frame.pieces(builder._shown(node.text)):
+                for piece in frame.pieces(builder._shown(_content(node))):
                     if full.startswith(piece, pos):
                         found = (piece, piece)
                         break
@@ -739,7 +777,7 @@ def _messages(path: Sequence[Node]) -> list[dict[str, Any]]:
     for node in path:
         if node.role is Role.SYSTEM and not node.text:
             continue  # no system prompt: let the template apply its own default
-        message: dict[str, Any] = {"role": node.role.value, "content": node.text}
+        message: dict[str, Any] = {"role": node.role.value, "content": _content(node)}
         calls = calls_of(node.meta) if node.role is Role.ASSISTANT else ()
         if calls:
             message["tool_calls"] = [call.to_template() for call in calls]
@@ -748,6 +786,13 @@ def _messages(path: Sequence[Node]) -> list[dict[str, Any]]:
             message["tool_call_id"] = call_id if isinstance(call_id, str) else ""
         out.append(message)
     return out
+
+
+def _content(node: Node) -> str:
+    """What the template gets as a node's content: a user's message with its documents."""
+    if node.role is Role.USER:
+        return message_content(node.text, documents_of(node.meta))
+    return node.text
 
 
 def _tools(path: Sequence[Node]) -> list[dict[str, Any]] | None:

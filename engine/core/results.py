@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, fields
 from enum import StrEnum
 
+from engine.core.attachments import DOCUMENTS
 from engine.core.errors import (
     ArborError,
     ContextOverflowError,
@@ -21,6 +22,7 @@ from engine.core.tools import TOOL_META
 from engine.core.tree import Node, Role
 
 LEFT_OUT = "left_out"  # reply meta: how many of the oldest messages it did not read
+ENGINE_META = (*TOOL_META, DOCUMENTS)  # the meta keys the engine reads of a node
 
 
 class Source(StrEnum):
@@ -67,12 +69,12 @@ class NodeView:
     tokens: tuple[int, ...] | None
     open_len: int | None = None
     prompt_len: int | None = None  # where the reply's generation prompt ends
-    tool: str | None = None  # JSON of its tool meta (engine.core.tools.TOOL_META), if any
+    tool: str | None = None  # JSON of the meta the engine reads (ENGINE_META), if any
 
     @staticmethod
     def of(node: Node, *, id: int | None = None) -> NodeView:
         open_len, prompt_len = node.meta.get("open_len"), node.meta.get("prompt_len")
-        tool = {k: node.meta[k] for k in TOOL_META if k in node.meta}
+        tool = {k: node.meta[k] for k in ENGINE_META if k in node.meta}
         return NodeView(node.id if id is None else id, node.role, node.text, node.tokens,
                         open_len if isinstance(open_len, int) else None,
                         prompt_len if isinstance(prompt_len, int) else None,

@@ -333,6 +333,11 @@ class Generator:
         planned = plan_saves(kind, schedule, ends, self.checkpoint_interval,
                              prompt_covers_last=prompt_follows
                              and self.prompts.replies_keep_opening)
+        # Where an attached document ends, on every kind: the question after it, an edit of
+        # that question and a restart with the disk tier all restore it (engine.core.attachments).
+        chunk_ends = set(schedule.ends)
+        planned = sorted({*planned, *(n for n in self.prompts.document_ends(path)
+                                      if n in chunk_ends)})
         partial = runtime.partial_states
         room = _inner_room(store, partial=partial)
         inner = set(plan_inner(kind, schedule, marks, runtime.grid,

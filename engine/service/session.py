@@ -12,6 +12,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from engine.config.params import SamplingParams
+from engine.core.attachments import Document
 from engine.core.conversation import Change, Conversation, ReplyJob
 from engine.core.errors import Cancelled
 from engine.core.overflow import Overflow
@@ -143,9 +144,11 @@ class Session:
 
     # --- operations (the tree's half is engine.core.conversation, shared by every front end) -----
 
-    def send(self, text: str, options: GenerationOptions | None = None) -> StepReport:
-        """Add a user message at the active leaf and generate its reply."""
-        return self._apply("send", self.conversation.send(text), options)
+    def send(self, text: str, options: GenerationOptions | None = None, *,
+             documents: Sequence[Document] = ()) -> StepReport:
+        """Add a user message (with any documents attached) at the active leaf and
+        generate its reply."""
+        return self._apply("send", self.conversation.send(text, documents), options)
 
     def regenerate(
         self, options: GenerationOptions | None = None, *, node_id: int | None = None

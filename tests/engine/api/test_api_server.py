@@ -598,3 +598,54 @@ def test_logprobs_come_for_every_token_streamed_or_not(
             answer = httpx.post(url, json={"messages": chat("Count"), **extra},
                                 timeout=TIMEOUT)
             assert answer.status_code == 400 and words in answer.json()["error"]["message"]
+
+
+def _file_part(name: str, data: bytes, kind: str = "application/pdf") -> dict[str, Any]:
+    import base64
+
+    return {"type": "file", "file": {
+        "filename": name, "file_data": f"data:{kind};base64,{base64.b64encode(data).decode()}"}}
+
+
+def test_a_file_part_is_a_document_decoded_once_for_every_question_after_it(
+    tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    """OpenAI's `file` parts: a PDF's text in the user's node, and a second question on the
+    same file (the recurrent model, which cannot cut its state back) restores the state at
+    the document's end. Bad files are 400s, and the server goes on serving."""
+    from tests.engine.files.test_documents import _pdf
+
+    pdf = _pdf(*(f"Page {n} speaks of rivers and deltas and the silt they carry." * 4
+                 for n in range(6)))
+    doc = _file_part("rivers.pdf", pdf)
+
+    def asking(question: str) -> list[dict[str, Any]]:
+        return [{"role": "system", "content": SYSTEM},
+                {"role": "user", "content": [doc, {"type": "text", "text": question}]}]
+
+    db = tmp_path / "a.db"
+    with serving(tiny_models["recurrent"], db) as (_server, client):
+        one = ask(client, asking("What is this about?"))
+        assert one.usage.prompt_tokens > 300
+        two = ask(client, asking("How many pages?"))
+        assert two.usage.prompt_tokens_details.cached_tokens > 300, two.usage
+        assert tail(two) < 30, two.usage
+        for part, says in [
+            (_file_part("x.pdf", b"%PDF-1.4 garbage"), "x.pdf"),
+            ({"type": "file", "file": {"file_id": "file-123"}}, "keeps no uploaded files"),
+            ({"type": "file", "file": {"filename": "a.txt",
+                                       "file_data": "https://example.com/a.txt"}},
+             "fetches no remote file"),
+            ({"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}},
+             "images are not supported"),
+        ]:
+            with pytest.raises(openai.BadRequestError, match=says):
+                ask(client, [{"role": "user", "content": [part]}])
+        assert ask(client, asking("How many pages?")).choices[0].message.content
+    with Store(db) as store:
+        infos = store.list()
+        users = [n for info in infos for n in store.load(info.id).nodes()
+                 if n.role is Role.USER and "documents" in n.meta]
+        assert len(users) == 2
+        assert {n.meta["documents"][0]["name"] for n in users} == {"rivers.pdf"}
+        assert "Page 0 speaks of rivers" in users[0].meta["documents"][0]["text"]
