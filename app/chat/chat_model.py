@@ -43,6 +43,7 @@ from PySide6.QtGui import QKeySequence, QTextDocument
 from app.chat.code_blocks import fences
 from app.chat.tool_text import line_count, lines_label, result_text, spoken_call
 from app.look.actions import spec
+from engine.core.attachments import Document, documents_of
 from engine.core.reasoning import Reasoning, ReasoningState, is_opened, split_reasoning
 from engine.core.results import LEFT_OUT
 from engine.core.tools import TOOL_CALLS, ToolCall, call_label, calls_of, shown_text
@@ -89,6 +90,8 @@ class MessageRow:
     call: str = ""
     # A reply's tool calls, shown as blocks of their own below its text (not part of it).
     calls: tuple[ToolCall, ...] = ()
+    # A user's message: the documents attached to it, folded above its text.
+    documents: tuple[Document, ...] = ()
 
 
 def reasoning_of(row: MessageRow) -> Reasoning | None:
@@ -97,6 +100,8 @@ def reasoning_of(row: MessageRow) -> Reasoning | None:
     the call."""
     if row.role == TOOL:
         return Reasoning(row.text, "", ReasoningState.CLOSED)
+    if row.role == USER and row.documents:
+        return Reasoning(documents_text(row.documents), row.text, ReasoningState.CLOSED)
     if row.role != ASSISTANT or ("think" not in row.text  # the markers all hold "think"
                                  and not row.reasoning_opened):
         return None
@@ -117,12 +122,37 @@ def reasoning_label(row: MessageRow, split: Reasoning) -> str:
     a tool's result: "weather({"city": "Oslo"}) · 3 lines" (the lines it shows)."""
     if row.role == TOOL:
         return f"{row.call or 'Result'} · {lines_label(line_count(result_text(row.text)))}"
+    if row.role == USER and row.documents:
+        return documents_label(row.documents)
     words = "1 word" if split.words == 1 else f"{split.words:,} words"
     if split.state is ReasoningState.CLOSED:
         return f"Reasoning · {words}"
     if row.status == STREAMING:
         return f"Reasoning… · {words}"
     return f"Reasoning, unfinished · {words}"
+
+
+def size_label(size: int) -> str:
+    """A file's size in words: "812 B", "34 KB", "2.5 MB"."""
+    if size < 1024:
+        return f"{size} B"
+    if size < 1024 * 1024:
+        return f"{size / 1024:.0f} KB"
+    return f"{size / (1024 * 1024):.1f} MB"
+
+
+def documents_text(documents: Sequence[Document]) -> str:
+    """A message's documents as its fold shows them, unfolded: each under its name."""
+    return "\n\n".join(f"── {d.name} ──\n{d.text}" for d in documents)
+
+
+def documents_label(documents: Sequence[Document]) -> str:
+    """The fold's header: "📄 report.pdf · 34 KB · 120 lines", or "📄 3 documents: ..."."""
+    if len(documents) == 1:
+        (one,) = documents
+        return f"📄 {one.name} · {size_label(one.size)} · {lines_label(line_count(one.text))}"
+    names = ", ".join(d.name for d in documents)
+    return f"📄 {len(documents)} documents: {names}"
 
 
 def message_time(created: float, now: float | None = None) -> str:
@@ -163,6 +193,7 @@ def rows_from_tree(tree: Tree, checkpoints: Mapping[int, str] | None = None) -> 
                 reasoning_opened=is_opened(node.meta),
                 call=call_label(messages[:index], node),
                 calls=calls_of(node.meta) if node.role is Role.ASSISTANT else (),
+                documents=documents_of(node.meta) if node.role is Role.USER else (),
             )
         )
     return rows

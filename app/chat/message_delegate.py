@@ -215,7 +215,7 @@ class MessageDelegate(EditingDelegate):
         if split is not None:
             doc.reasoning = reasoning_block(split.reasoning, reasoning_label(row, split),
                                             reasoning_shown(row, split), font, text_width,
-                                            verbatim=row.role == TOOL)
+                                            verbatim=row.role == TOOL or bool(row.documents))
             make_reasoning_room(doc, doc.reasoning)
         colour_links(doc, palette.color(QPalette.ColorRole.Link))
         doc.setTextWidth(text_width)

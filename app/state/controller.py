@@ -22,6 +22,7 @@ from app.state.tool_calls import ToolCalls
 from engine.config.mcp import McpServer
 from engine.config.overrides import Overrides
 from engine.config.settings import Settings
+from engine.core.attachments import Document
 from engine.core.conversation import Change, Conversation
 from engine.core.errors import ArborError
 from engine.core.titles import NEW_TITLE, title_from
@@ -175,17 +176,19 @@ class ChatController(QObject):
 
     # --- messages: each one a call into the core, then one transaction ------------------------
 
-    def send(self, text: str) -> bool:
-        """A user message at the active leaf, answered. False (the composer keeps the text)
-        when it could not be sent now or could not be saved."""
+    def send(self, text: str, documents: Sequence[Document] = ()) -> bool:
+        """A user message (with any documents attached) at the active leaf, answered. False
+        (the composer keeps the text and the documents) when it could not be sent now or
+        could not be saved."""
         if self.current is None or self.replies.refuse():
             return False
         self.tools.cancel()  # a new message: the calls waiting are not run
         leaf = self.tree.active_leaf
-        change = self.conversation.send(text)
+        change = self.conversation.send(text, documents)
         if not self._persist(change, leaf):
             return False
-        self._title_from_first_message(self.current, text)
+        self._title_from_first_message(
+            self.current, text or (documents[0].name if documents else ""))
         self.replies.start(self.current, change)
         return True
 

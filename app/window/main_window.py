@@ -16,10 +16,11 @@ from collections.abc import Callable
 from pathlib import Path
 
 from PySide6.QtCore import QByteArray, QSettings, Qt, QUrl, Signal, Slot
-from PySide6.QtGui import QCloseEvent, QDesktopServices
+from PySide6.QtGui import QCloseEvent, QDesktopServices, QDragEnterEvent, QDropEvent
 from PySide6.QtWidgets import (
     QDialog,
     QDockWidget,
+    QFileDialog,
     QHBoxLayout,
     QInputDialog,
     QMainWindow,
@@ -31,9 +32,10 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from app.chat.attachment_strip import AttachmentStrip
 from app.chat.chat_model import rows_from_tree
 from app.chat.chat_view import ChatView
-from app.chat.composer import Composer
+from app.chat.composer import Composer, local_files
 from app.dialogs.conversation_settings import ConversationSettingsDialog
 from app.dialogs.tool_picker import ToolPicker
 from app.look.actions import (
@@ -50,6 +52,7 @@ from app.look.actions import (
 from app.look.icons import icon
 from app.look.theme import theme_events
 from app.state.api_server import AppApi
+from app.state.attachments import Attachments
 from app.state.controller import ChatController
 from app.state.engine_client import ProcessEngine, QtEngine
 from app.state.hub_jobs import Downloads, HubJobs
@@ -65,6 +68,7 @@ from app.window.tool_approval import ApprovalBar
 from engine.config.settings import Settings, load_settings
 from engine.core.tools import TOOL_SERVERS, tools_of
 from engine.core.tree import Tree
+from engine.files.documents import SUFFIXES
 from engine.files.paths import data_dirs
 from engine.storage.store import Store
 from engine.storage.transfer import FileFormat
@@ -106,6 +110,14 @@ class MainWindow(QMainWindow):
         self.chat = ChatView()
         self.composer = Composer()
         self.composer.setMaximumHeight(120)
+        self.attachments = Attachments(self)
+        self.attachment_strip = AttachmentStrip()
+        self.composer.sendable_empty = lambda: bool(self.attachments.documents)
+        self.attach_button = QPushButton("📎")
+        self.attach_button.setToolTip("Attach documents (Ctrl+Shift+A): text, Markdown, code, "
+                                      "HTML, PDF, DOCX. Or drop them here.")
+        self.attach_button.setAccessibleName("Attach documents")
+        self.setAcceptDrops(True)  # a file dropped anywhere in the window is attached
         self.send_button = QPushButton("Send")
         self.tree_panel = TreePanel()
         self.approval = ApprovalBar(self.controller.tools)
@@ -151,6 +163,7 @@ class MainWindow(QMainWindow):
 
     def _build_layout(self) -> None:
         row = QHBoxLayout()
+        row.addWidget(self.attach_button)
         row.addWidget(self.composer)
         row.addWidget(self.send_button)
         center = QWidget()
@@ -159,6 +172,7 @@ class MainWindow(QMainWindow):
         column.addWidget(self.status.label)
         column.addWidget(self.status.progress)
         column.addWidget(self.approval)
+        column.addWidget(self.attachment_strip)
         column.addLayout(row)
         self.splitter = QSplitter()
         self.splitter.addWidget(self.sidebar)
@@ -188,6 +202,7 @@ class MainWindow(QMainWindow):
             "delete_conversation": self._delete_current,
             "tree": lambda: self.tree_dock.setVisible(self.actions_by_name["tree"].isChecked()),
             "search": self._focus_search, "composer": self.composer.setFocus,
+            "attach": self._ask_attach,
             "messages": self.chat.setFocus, "tree_nodes": self._focus_tree,
             "next_conversation": lambda: c.step_conversation(1),
             "previous_conversation": lambda: c.step_conversation(-1),
@@ -233,6 +248,13 @@ class MainWindow(QMainWindow):
         self.sidebar.search_changed.connect(self._refresh_sidebar)
         self.composer.submitted.connect(self._send)
         self.composer.stop_requested.connect(self._stop)
+        self.composer.files_given.connect(self.attachments.add)
+        self.attach_button.clicked.connect(self._ask_attach)
+        self.attachments.changed.connect(lambda: self.attachment_strip.show_state(
+            self.attachments.documents, self.attachments.reading))
+        self.attachments.refused.connect(self._on_attachment_refused)
+        self.attachment_strip.removed.connect(self.attachments.remove)
+        self.attachment_strip.cancel_requested.connect(self.attachments.cancel)
         self.send_button.clicked.connect(self._on_send_clicked)
         self.chat.variant_requested.connect(c.switch_variant)
         self.chat.edit_submitted.connect(c.edit)
@@ -321,8 +343,34 @@ class MainWindow(QMainWindow):
 
     @Slot(str)
     def _send(self, text: str) -> None:
-        if self.controller.send(text):
+        documents = self.attachments.take()
+        if self.controller.send(text, documents):
             self.composer.clear()
+        else:
+            self.attachments.give_back(documents)
+
+    @Slot()
+    def _ask_attach(self) -> None:
+        names = " ".join(f"*{suffix}" for suffix in sorted(SUFFIXES))
+        paths, _filter = QFileDialog.getOpenFileNames(
+            self, "Attach documents", "", f"Documents ({names});;All files (*)")
+        if paths:
+            self.attachments.add([Path(p) for p in paths])
+
+    @Slot(str)
+    def _on_attachment_refused(self, message: str) -> None:
+        self.status.message(message)
+        QMessageBox.warning(self, "Arbor", message)
+
+    def dragEnterEvent(self, event: QDragEnterEvent) -> None:
+        if local_files(event.mimeData()):
+            event.acceptProposedAction()
+
+    def dropEvent(self, event: QDropEvent) -> None:
+        files = local_files(event.mimeData())
+        if files:
+            event.acceptProposedAction()
+            self.attachments.add(files)
 
     @Slot()
     def _stop(self) -> None:
@@ -334,7 +382,7 @@ class MainWindow(QMainWindow):
     def _on_send_clicked(self) -> None:
         if self.replies.streaming is not None:
             self.replies.stop()
-        elif text := self.composer.toPlainText().strip():
+        elif (text := self.composer.toPlainText().strip()) or self.attachments.documents:
             self._send(text)
 
     @Slot(int)
@@ -447,6 +495,7 @@ class MainWindow(QMainWindow):
             self.status.message(f"The logs are in {folder}", 15_000)
 
     def closeEvent(self, event: QCloseEvent) -> None:
+        self.attachments.shutdown()  # the reads going on are cancelled, their threads ended
         if not self.engine.running:  # closed before: everything is released
             super().closeEvent(event)
             return
