@@ -14,6 +14,7 @@ from PySide6.QtCore import QObject, Slot
 from PySide6.QtWidgets import QProgressBar
 
 from app.state.controller import ChatController
+from engine.core.attachments import documents_of, message_content
 from engine.core.overflow import Overflow, fit, reply_room
 from engine.core.tree import Node, Role
 
@@ -61,7 +62,8 @@ def branch_fill(path: list[Node], n_ctx: int, *, overflow: Overflow = Overflow.S
             lengths.append(len(node.tokens))
         else:
             exact = False
-            lengths.append(-(-len(node.text) // CHARS_PER_TOKEN))
+            shown = message_content(node.text, documents_of(node.meta))  # its documents too
+            lengths.append(-(-len(shown) // CHARS_PER_TOKEN))
     room = reply_room(n_ctx, max_tokens)
     cut = fit(lengths, [node.role is Role.USER for node in path], tail=0, n_ctx=n_ctx,
               room=room, policy=overflow)

@@ -3,11 +3,16 @@
 Markdown has no way to hold a tree, so only the path from the root to the active leaf is
 written, and a last line says how many other branches were left out. A reply's reasoning
 (`engine.core.reasoning`) is written as a collapsed `<details>` block above its answer; its
-tool calls as code after it, and a tool's result under its own heading.
+tool calls as code after it, and a tool's result under its own heading. A message's attached
+documents are collapsed blocks above it, each with its file's name and its text verbatim.
 """
 
 from __future__ import annotations
 
+import html
+import re
+
+from engine.core.attachments import Document, documents_of
 from engine.core.reasoning import ReasoningState, is_opened, split_reasoning
 from engine.core.records import ConversationRecord
 from engine.core.tools import shown_text
@@ -27,6 +32,7 @@ def export_markdown(record: ConversationRecord) -> str:
         blocks.append(_quote(path[0].text))
     for node in path[1:]:
         blocks.append(_HEADINGS[node.role])
+        blocks.extend(_document(d) for d in documents_of(node.meta))
         blocks.extend(_reply(shown_text(node.text, node.meta), is_opened(node.meta))
                       if node.role is Role.ASSISTANT else [node.text])
     others = _other_branches(record)
@@ -44,6 +50,15 @@ def _reply(text: str, opened: bool) -> list[str]:
     label = "Reasoning" if split.state is ReasoningState.CLOSED else "Reasoning (unfinished)"
     details = f"<details>\n<summary>{label}</summary>\n\n{split.reasoning}\n\n</details>"
     return [details, split.answer] if split.answer else [details]
+
+
+def _document(document: Document) -> str:
+    """An attached document: folded, its text verbatim (a fence longer than any in it)."""
+    fence = "`" * max(3, 1 + max((len(run) for run in re.findall(r"`+", document.text)),
+                                 default=0))
+    name = html.escape(document.name)
+    return (f"<details>\n<summary>📄 {name}</summary>\n\n{fence}text\n{document.text}\n"
+            f"{fence}\n\n</details>")
 
 
 def _quote(text: str) -> str:

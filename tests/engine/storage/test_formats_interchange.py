@@ -893,3 +893,17 @@ def test_mutated_exports_give_valid_records_or_a_format_error(data: st.DataObjec
     # Whatever is accepted can be written and read back unchanged.
     again = parse_chatgpt(export_chatgpt(records))
     assert [_shape(r) for r in again] == [_shape(r) for r in records]
+
+
+def test_markdown_writes_a_messages_documents_folded_above_it() -> None:
+    from engine.core.attachments import DOCUMENTS, Document, DocumentKind
+
+    tree = Tree()
+    user = tree.add_child(tree.root_id, Role.USER, "What does it say?")
+    text = "a ``` fence\n<b>not html</b>"
+    user.meta[DOCUMENTS] = [Document("a<b>.md", DocumentKind.MARKDOWN, text, "0" * 64,
+                                     len(text)).to_meta()]
+    markdown = export_markdown(from_tree(tree, title="Doc"))
+    assert markdown == (
+        "# Doc\n\n## User\n\n<details>\n<summary>📄 a&lt;b&gt;.md</summary>\n\n"
+        "````text\na ``` fence\n<b>not html</b>\n````\n\n</details>\n\nWhat does it say?\n")

@@ -462,3 +462,19 @@ def test_a_device_is_refused_without_reading_it(tmp_path: Path, no_hang: None) -
     """`st_size` of /dev/zero is 0: a size check before reading lets it read forever."""
     with Store(tmp_path / "a.db") as store, pytest.raises(FormatError, match="regular file"):
         import_file(Path("/dev/zero"), store)
+
+
+def test_a_messages_documents_travel_in_a_session_file(tmp_path: Path) -> None:
+    from engine.core.attachments import DOCUMENTS, Document, DocumentKind, documents_of
+
+    tree = Tree("S")
+    user = tree.add_child(tree.root_id, Role.USER, "Summarise.")
+    document = Document("report.pdf", DocumentKind.PDF, "[page 1]\nHello", "ab" * 32, 1234)
+    user.meta[DOCUMENTS] = [document.to_meta()]
+    with Store(tmp_path / "a.db") as store:
+        cid = store.create(tree, title="Doc")
+        export_file(store, [cid], tmp_path / "x.arbor", FileFormat.NATIVE)
+        result = import_file(tmp_path / "x.arbor", store)
+        back = store.load(result.conversation_ids[0])
+        (node,) = [n for n in back.nodes() if n.role is Role.USER]
+        assert documents_of(node.meta) == (document,)
