@@ -43,7 +43,7 @@ from PySide6.QtGui import QKeySequence, QTextDocument
 from app.chat.code_blocks import fences
 from app.chat.tool_text import line_count, lines_label, result_text, spoken_call
 from app.look.actions import spec
-from engine.core.attachments import Document, documents_of
+from engine.core.attachments import Document, Reading, documents_of
 from engine.core.reasoning import Reasoning, ReasoningState, is_opened, split_reasoning
 from engine.core.results import LEFT_OUT
 from engine.core.tools import TOOL_CALLS, ToolCall, call_label, calls_of, shown_text
@@ -150,9 +150,21 @@ def documents_label(documents: Sequence[Document]) -> str:
     """The fold's header: "📄 report.pdf · 34 KB · 120 lines", or "📄 3 documents: ..."."""
     if len(documents) == 1:
         (one,) = documents
-        return f"📄 {one.name} · {size_label(one.size)} · {lines_label(line_count(one.text))}"
-    names = ", ".join(d.name for d in documents)
+        return (f"📄 {one.name} · {size_label(one.size)} · "
+                f"{_how_read(one) or lines_label(line_count(one.text))}")
+    names = ", ".join(d.name + (f" ({how})" if (how := _how_read(d)) else "")
+                      for d in documents)
     return f"📄 {len(documents)} documents: {names}"
+
+
+def _how_read(document: Document) -> str:
+    """What of a document the model read, when not all of it."""
+    if document.reading is Reading.START:
+        return f"its start ({document.budget:,} of {document.whole:,} characters)"
+    if document.reading is Reading.SEARCH:
+        found = document.text.count("[passage ")
+        return f"searched: {found} passage{'s' * (found != 1)}"
+    return ""
 
 
 def message_time(created: float, now: float | None = None) -> str:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from pathlib import Path
 
 from PySide6.QtCore import QObject, QThread, Signal
@@ -49,11 +50,17 @@ class Attachments(QObject):
 
     changed = Signal()  # the documents waiting, or the files being read, changed
     refused = Signal(str)  # one line: why a file was not attached
+    # A document read whole is longer than the room the context has (`room`): the owner
+    # asks the user (its start, a search, or not at all) and calls `keep` with the choice.
+    too_long = Signal(object, int)  # (Document, the characters there is room for)
 
     def __init__(self, parent: QObject | None = None) -> None:
         super().__init__(parent)
         self._documents: list[Document] = []
         self._reading: dict[_ReadThread, threading.Event] = {}
+        # The characters the next message's documents may take together (None: no limit
+        # known, no model loaded).
+        self.room: Callable[[], int | None] = lambda: None
 
     @property
     def documents(self) -> tuple[Document, ...]:
@@ -76,6 +83,11 @@ class Attachments(QObject):
             thread.finished.connect(lambda t=thread: self._done(t))
             self._reading[thread] = cancel
             thread.start()
+        self.changed.emit()
+
+    def keep(self, document: Document) -> None:
+        """Attach `document` as the user chose to have it read (after `too_long`)."""
+        self._documents.append(document)
         self.changed.emit()
 
     def remove(self, index: int) -> None:
@@ -113,10 +125,15 @@ class Attachments(QObject):
             return  # already handled (shutdown)
         thread.wait()
         if thread.document is not None and not cancel.is_set():
-            if any(d.sha256 == thread.document.sha256 for d in self._documents):
-                self.refused.emit(f"{thread.document.name} is attached already")
+            document = thread.document
+            room = self.room()
+            left = None if room is None else room - sum(d.reads for d in self._documents)
+            if any(d.sha256 == document.sha256 for d in self._documents):
+                self.refused.emit(f"{document.name} is attached already")
+            elif left is not None and len(document.text) > left:
+                self.too_long.emit(document, max(0, left))
             else:
-                self._documents.append(thread.document)
+                self._documents.append(document)
         elif thread.error and not cancel.is_set():
             self.refused.emit(thread.error)
         thread.deleteLater()

@@ -57,7 +57,7 @@ from app.state.controller import ChatController
 from app.state.engine_client import ProcessEngine, QtEngine
 from app.state.hub_jobs import Downloads, HubJobs
 from app.tree.tree_panel import TreePanel, panel_nodes_from_tree
-from app.window.context_gauge import ContextGauge
+from app.window.context_gauge import CHARS_PER_TOKEN, ContextGauge
 from app.window.downloads_status import DownloadsStatus
 from app.window.files import FileActions
 from app.window.message_bar import MessageBar
@@ -66,6 +66,7 @@ from app.window.sidebar import Sidebar
 from app.window.status import StatusArea
 from app.window.tool_approval import ApprovalBar
 from engine.config.settings import Settings, load_settings
+from engine.core.attachments import Document
 from engine.core.tools import TOOL_SERVERS, tools_of
 from engine.core.tree import Tree
 from engine.files.documents import SUFFIXES
@@ -253,6 +254,8 @@ class MainWindow(QMainWindow):
         self.attachments.changed.connect(lambda: self.attachment_strip.show_state(
             self.attachments.documents, self.attachments.reading))
         self.attachments.refused.connect(self._on_attachment_refused)
+        self.attachments.too_long.connect(self._on_document_too_long)
+        self.attachments.room = self._document_room
         self.attachment_strip.removed.connect(self.attachments.remove)
         self.attachment_strip.cancel_requested.connect(self.attachments.cancel)
         self.send_button.clicked.connect(self._on_send_clicked)
@@ -356,6 +359,44 @@ class MainWindow(QMainWindow):
             self, "Attach documents", "", f"Documents ({names});;All files (*)")
         if paths:
             self.attachments.add([Path(p) for p in paths])
+
+    def _document_room(self) -> int | None:
+        """The characters of documents the next message has room for: the context less the
+        branch and the reply's room, at CHARS_PER_TOKEN (an over-estimate of tokens)."""
+        fill = self.context_gauge.fill
+        if fill is None:
+            return None
+        free = fill.n_ctx - fill.tokens - max(fill.room, 256)
+        return max(0, free) * CHARS_PER_TOKEN
+
+    @Slot(object, int)
+    def _on_document_too_long(self, document: Document, room: int) -> None:
+        """A document longer than the context: never cut silently; the user chooses."""
+        tokens = len(document.text) // CHARS_PER_TOKEN
+        box = QMessageBox(QMessageBox.Icon.Question, "Arbor",
+                          f"{document.name} is about {tokens:,} tokens: more than this "
+                          f"conversation has room for (about {room // CHARS_PER_TOKEN:,}).",
+                          parent=self)
+        box.setInformativeText(
+            "Give the model its start (what fits, cut at a line), or search it: each message "
+            "then reads the passages of the document that best match it.")
+        start = box.addButton("Attach its start", QMessageBox.ButtonRole.AcceptRole)
+        search = box.addButton("Search it", QMessageBox.ButtonRole.AcceptRole)
+        box.addButton("Don't attach", QMessageBox.ButtonRole.RejectRole)
+        box.setDefaultButton(search)
+        box.setWindowModality(Qt.WindowModality.WindowModal)
+        box.buttonClicked.connect(lambda button: self._document_chosen(
+            document, room, "start" if button == start else "search" if button == search
+            else None))
+        box.open()  # window-modal, never a nested event loop
+
+    def _document_chosen(self, document: Document, room: int, how: str | None) -> None:
+        if how == "start":
+            self.attachments.keep(document.start(room))
+        elif how == "search":
+            self.attachments.keep(document.searched(room))
+        else:
+            self.status.message(f"{document.name} was not attached")
 
     @Slot(str)
     def _on_attachment_refused(self, message: str) -> None:

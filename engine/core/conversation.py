@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from engine.core.attachments import DOCUMENTS, Document
+from engine.core.attachments import DOCUMENTS, Document, documents_of
 from engine.core.reasoning import OPENED, is_opened
 from engine.core.results import LEFT_OUT, FinishReason, Rendered, ReplyResult
 from engine.core.tools import TOOL_CALL_ID, TOOL_SERVERS, TOOLS, ToolCall, calls_of
@@ -79,7 +79,7 @@ class Conversation:
         """A user message at the active leaf, with any documents attached, to be answered."""
         message = self.tree.add_child(self.tree.active_leaf, Role.USER, text)
         if documents:
-            message.meta[DOCUMENTS] = [d.to_meta() for d in documents]
+            message.meta[DOCUMENTS] = [d.for_message(text).to_meta() for d in documents]
         return Change(nodes=(message,), reply=ReplyJob(message.id))
 
     def edit(self, node_id: int, text: str) -> Change:
@@ -95,7 +95,9 @@ class Conversation:
         if old.role is Role.TOOL and TOOL_CALL_ID in old.meta:
             new.meta[TOOL_CALL_ID] = old.meta[TOOL_CALL_ID]  # the same call, another result
         if old.role is Role.USER and DOCUMENTS in old.meta:
-            new.meta[DOCUMENTS] = old.meta[DOCUMENTS]  # another question on the same documents
+            # Another question on the same documents (a searched one is searched again).
+            new.meta[DOCUMENTS] = [d.for_message(text).to_meta()
+                                   for d in documents_of(old.meta)]
         answered = new.role in (Role.USER, Role.TOOL)
         return Change(nodes=(new,), reply=ReplyJob(new.id) if answered else None)
 

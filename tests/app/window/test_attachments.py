@@ -127,3 +127,42 @@ def test_a_read_can_be_cancelled_and_closing_the_window_ends_every_read(
     assert win.attachments.documents == ()
     win.attachments.add([page])  # still reading when the window closes: the fixture checks
     QApplication.processEvents()  # that no thread is left running
+
+
+@pytest.mark.parametrize("choice", ["Attach its start", "Search it", "Don't attach"])
+def test_a_document_longer_than_the_context_is_never_cut_silently(
+    qtbot: QtBot, fake_window: MainWindow, tmp_path: Path, choice: str
+) -> None:
+    from PySide6.QtWidgets import QMessageBox
+
+    from engine.core.attachments import Reading
+
+    win = fake_window
+    win.attachments.room = lambda: 2000  # characters: far less than the book
+    book = tmp_path / "book.txt"
+    book.write_text("\n\n".join(f"Chapter {n}: the lighthouse keeper's log, page {n}. "
+                                * 8 for n in range(60)), encoding="utf-8")
+    win.attachments.add([book])
+    qtbot.waitUntil(lambda: win.findChild(QMessageBox) is not None, timeout=TIMEOUT)
+    box = win.findChild(QMessageBox)
+    assert box is not None and "book.txt is about" in box.text()
+    assert win.attachments.documents == ()  # nothing until the user has chosen
+    (button,) = [b for b in box.buttons() if b.text() == choice]
+    button.click()
+    if choice == "Don't attach":
+        assert win.attachments.documents == ()
+        return
+    (document,) = win.attachments.documents
+    assert document.reading is (Reading.START if choice == "Attach its start"
+                                else Reading.SEARCH)
+    assert document.reads <= 2000
+    win.composer.setPlainText("What is on page 42?")
+    with qtbot.waitSignal(win.reply_finished, timeout=TIMEOUT):
+        qtbot.keyClick(win.composer, Qt.Key.Key_Return)
+    user = next(n for n in win.tree.messages() if n.role is Role.USER)
+    (read,) = documents_of(user.meta)
+    assert len(read.text) <= 2000
+    if choice == "Search it":
+        assert "page 42." in read.text and "[passage" in read.text
+    else:
+        assert read.text.endswith("characters]") and "page 42." not in read.text
