@@ -336,8 +336,8 @@ class Generator:
         # Where an attached document ends, on every kind: the question after it, an edit of
         # that question and a restart with the disk tier all restore it (engine.core.attachments).
         chunk_ends = set(schedule.ends)
-        planned = sorted({*planned, *(n for n in self.prompts.document_ends(path)
-                                      if n in chunk_ends)})
+        documents = {n for n in self.prompts.document_ends(path) if n in chunk_ends}
+        planned = sorted({*planned, *documents})
         partial = runtime.partial_states
         room = _inner_room(store, partial=partial)
         inner = set(plan_inner(kind, schedule, marks, runtime.grid,
@@ -352,8 +352,10 @@ class Generator:
         # Where a partial state is cheap (a hybrid), the prompt's end gets a partial twin
         # too: what a swipe restores while the live cache still holds the prompt.
         crossings = set(crossing(schedule, 0, self.checkpoint_interval))
-        partial_at = {n for n in saves if n < len(target) and n not in crossings} \
-            if partial else set()
+        # A document's end stays whole too: it serves every later question on the document,
+        # after a restart as well (a partial state never goes to the disk tier).
+        partial_at = {n for n in saves if n < len(target) and n not in crossings
+                      and n not in documents} if partial else set()
 
         def keep(checkpoint: Checkpoint) -> None:
             # Attach it to the node holding its last token; the prompt's end (the reply's

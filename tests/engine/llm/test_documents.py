@@ -8,6 +8,7 @@ each path gives, and every step after the first restores the state at the docume
 
 from __future__ import annotations
 
+import copy
 import hashlib
 from pathlib import Path
 
@@ -90,3 +91,43 @@ def test_the_model_reads_the_documents_before_the_message() -> None:
     assert content.startswith('<document name="field-notes.txt">\n' + TEXT + "\n</document>")
     assert content.endswith("\n\nWhat is it?")
     assert message_content("Hi", []) == "Hi"
+
+
+@pytest.mark.parametrize("kind", ALL_KINDS, ids=lambda k: k.value)
+def test_the_state_after_a_document_survives_a_restart_in_the_disk_tier(
+    kind: MemoryKind, tiny_models: dict[str, Path], tmp_path: Path
+) -> None:
+    """A restart: a new engine and store on the same disk tier and the same tree. An edit
+    of the question restores the document's state from disk and answers as a reprocess."""
+    settings = RuntimeSettings(n_ctx=2048, n_batch=64)
+    key = b"k" * 32
+    runtime = Runtime(tiny_models[kind.value], settings)
+    try:
+        store = CheckpointStore(runtime.identity(), key=key, ram_budget=0, disk_dir=tmp_path)
+        session = Session(runtime, system="S", seed=3, checkpoints=store,
+                          sampling=SamplingParams(temperature=0.8))
+        first = session.send("Which words appear?", OPTIONS, documents=[DOC])
+        tree = session.tree
+        assert session.generator is not None
+        question = tree.node(first.node_id or -1).parent
+        assert question is not None
+        (doc_end,) = session.generator.prompts.document_ends(tree.path_to(question))
+        assert doc_end in {c.n_tokens for c in store.all()}
+    finally:
+        runtime.close()
+    answers = []
+    for use_cache in (True, False):
+        runtime = Runtime(tiny_models[kind.value], settings)
+        try:
+            store = CheckpointStore(runtime.identity(), key=key, ram_budget=0,
+                                    disk_dir=tmp_path) if use_cache else None
+            again = Session(runtime, tree=copy.deepcopy(tree), seed=3, use_cache=use_cache,
+                            checkpoints=store, sampling=SamplingParams(temperature=0.8))
+            edited = again.edit(question, "Which word comes last?", OPTIONS)
+            assert edited.report is not None and edited.node_id is not None
+            if use_cache:
+                assert edited.report.reused_tokens >= doc_end, edited.report
+            answers.append(again.tree.node(edited.node_id).text)
+        finally:
+            runtime.close()
+    assert answers[0] == answers[1]
