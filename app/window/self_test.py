@@ -114,9 +114,14 @@ def _run(home: Path, say: Callable[[str], None]) -> None:
         window.deleteLater()
         app.processEvents()
 
+    from engine.files.documents import document_from_bytes
     from engine.llm.llama import multimodal_marker
 
     say(f"libmtmd loads (its media marker: {multimodal_marker()})")
+    page = document_from_bytes("self-test.html", b"<p>Attached <b>page</b></p>", seconds=120)
+    if page.text != "Attached page":
+        raise SelfTestFailed(f"a document read in the reader's process gave {page.text!r}")
+    say("read a document in a reader process of its own")
     runtime = Runtime(model, settings.runtime())
     try:
         reference = Session(runtime, system=SYSTEM, sampling=settings.sampling(),
