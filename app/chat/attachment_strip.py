@@ -3,10 +3,11 @@ name and size; a click removes it), and the files still being read, with Cancel.
 
 from __future__ import annotations
 
-from PySide6.QtCore import Signal
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QToolButton, QWidget
 
 from app.chat.chat_model import size_label
+from app.look.icons import icon
 from engine.core.attachments import Document
 
 
@@ -33,7 +34,9 @@ class AttachmentStrip(QWidget):
         self.buttons = []
         for index, document in enumerate(documents):
             button = QToolButton()
-            button.setText(f"📄 {document.name} · {size_label(document.size)}  ✕")
+            button.setText(f"{document.name} · {size_label(document.size)}  ✕")
+            button.setIcon(icon("import"))
+            button.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextBesideIcon)
             button.setToolTip(f"{document.name}: {len(document.text):,} characters of "
                               f"{document.kind.value}. Click to remove it.")
             button.setAccessibleName(f"Attached document {document.name}; remove")

@@ -147,14 +147,14 @@ def documents_text(documents: Sequence[Document]) -> str:
 
 
 def documents_label(documents: Sequence[Document]) -> str:
-    """The fold's header: "📄 report.pdf · 34 KB · 120 lines", or "📄 3 documents: ..."."""
+    """The fold's header: "report.pdf · 34 KB · 120 lines", or "3 documents: ..."."""
     if len(documents) == 1:
         (one,) = documents
-        return (f"📄 {one.name} · {size_label(one.size)} · "
+        return (f"{one.name} · {size_label(one.size)} · "
                 f"{_how_read(one) or lines_label(line_count(one.text))}")
     names = ", ".join(d.name + (f" ({how})" if (how := _how_read(d)) else "")
                       for d in documents)
-    return f"📄 {len(documents)} documents: {names}"
+    return f"{len(documents)} documents: {names}"
 
 
 def _how_read(document: Document) -> str:

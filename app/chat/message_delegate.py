@@ -280,7 +280,7 @@ class MessageDelegate(EditingDelegate):
     def _ideal_width(self, doc: MessageDocument, row: MessageRow, font: QFont) -> int | None:
         """How wide a user bubble's text wants to be (None for replies: they take the width);
         a code block's strip needs room for its language and its button."""
-        if row.role != USER:
+        if row.role != USER or row.documents:  # a message with documents: their width too
             return None
         return max(math.ceil(doc.idealWidth()), strips_width(doc.code_blocks, font))
 

@@ -117,7 +117,7 @@ ACTIONS: tuple[ActionSpec, ...] = (
     ActionSpec("search", "Search conversations", ("Ctrl+F",), "search", Menu.VIEW,
                separator=True),
     ActionSpec("composer", "Write a message", ("Ctrl+L",), None, Menu.VIEW),
-    ActionSpec("attach", "Attach documents…", ("Ctrl+Shift+A",), None, Menu.VIEW,
+    ActionSpec("attach", "Attach documents…", ("Ctrl+Shift+A",), "attach", Menu.VIEW,
                tip="Attach text, Markdown, code, HTML, PDF or DOCX files to the next message"),
     ActionSpec("messages", "Go to the messages", ("Ctrl+J",), None, Menu.VIEW),
     ActionSpec("tree_nodes", "Go to the conversation tree", ("Ctrl+Shift+T",), None,

@@ -114,7 +114,7 @@ class MainWindow(QMainWindow):
         self.attachments = Attachments(self)
         self.attachment_strip = AttachmentStrip()
         self.composer.sendable_empty = lambda: bool(self.attachments.documents)
-        self.attach_button = QPushButton("📎")
+        self.attach_button = QPushButton()
         self.attach_button.setToolTip("Attach documents (Ctrl+Shift+A): text, Markdown, code, "
                                       "HTML, PDF, DOCX. Or drop them here.")
         self.attach_button.setAccessibleName("Attach documents")
@@ -236,6 +236,7 @@ class MainWindow(QMainWindow):
     def _apply_icons(self) -> None:
         apply_icons(self.actions_by_name)
         apply_icons(self.chat.actions_by_name)
+        self.attach_button.setIcon(icon("attach"))
         self._update_send_button()
 
     def _connect(self) -> None:

@@ -6,7 +6,9 @@ messages left out, with the context gauge (context); the model picker's Discover
 recommended models, a repository's quantizations with their fit and the downloads
 (discover), and the window while two downloads go on (downloads); a tool loop (tools): a
 call of an MCP server's tool, its result unfolded, a retried call on another branch, and the
-next call waiting for the user's approval; the Settings dialog on its first page (settings).
+next call waiting for the user's approval; a PDF attached to a question asked two ways, the
+document unfolded, and a DOCX waiting for the next message (documents); the Settings dialog on
+its first page (settings).
 
 The Discover shots are made offline: the repository on screen is the bundled SmolLM2 file's
 (its real size and header, read locally, as Discover reads a remote one over ranges), and the
@@ -30,6 +32,7 @@ if TYPE_CHECKING:
     from app.dialogs.model_picker import ModelPicker
     from app.state.hub_jobs import Downloads
     from app.window.main_window import MainWindow
+    from engine.core.attachments import Document
     from engine.core.tools import ToolCall
     from engine.storage.store import Store
 
@@ -109,8 +112,8 @@ WEATHER_TOOL = {"type": "function", "function": {
     "parameters": {"type": "object", "required": ["city", "day"], "properties": {
         "city": {"type": "string"}, "day": {"type": "string"},
         "hourly": {"type": "boolean"}}}}}
-SHOTS = ("main-window", "code-blocks", "reasoning", "context", "tools", "settings",
-         "discover", "downloads")
+SHOTS = ("main-window", "code-blocks", "reasoning", "context", "tools", "documents",
+         "settings", "discover", "downloads")
 
 
 def main(argv: list[str]) -> int:
@@ -163,6 +166,7 @@ def main(argv: list[str]) -> int:
     long_id = store.create(long, title="The Danube, source to delta")
     store.set_settings(long_id, Overrides(overflow=Overflow.DROP_OLDEST).write({}))
     tools_id, pending = tool_sample(store)
+    documents_id, waiting = documents_sample(store)
     store.create(tree, title="Why oaks live long")
     # A small context, so that the long conversation outgrows it (the "context" shot).
     window = MainWindow(store=store, settings=Settings(n_ctx=CONTEXT_SHOT_N_CTX,
@@ -214,6 +218,15 @@ def main(argv: list[str]) -> int:
         window.chat.scroll_to_end()
         shoot("tools")
         window.approval._on_asking(None)
+    if "documents" in shots:
+        open_light(documents_id)
+        rows = window.chat.model().rows()
+        window.chat.toggle_reasoning(rows[0].node_id)  # the document unfolded
+        window.attachments.keep(waiting)
+        window.composer.setPlainText("And what does the contract say about notice?")
+        shoot("documents")
+        window.attachments.take()
+        window.composer.clear()
     if "settings" in shots:
         from app.dialogs.settings_dialog import SettingsDialog
 
@@ -275,6 +288,38 @@ def tool_sample(store: Store) -> tuple[int, ToolCall]:
     reply = tree.add_child(tree.active_leaf, Role.ASSISTANT, "")
     reply.meta[TOOL_CALLS] = [pending.to_meta()]
     return store.create(tree, title="Biking in Oslo"), pending
+
+
+REPORT = (
+    "[page 1]\nField report: the Elbe estuary, spring survey\n\nThe spring survey counted "
+    "1,240 wading birds across the six tidal flats, against 1,610 a year earlier. The drop "
+    "is largest on flats 4 and 5, where the new channel deepening has narrowed the exposed "
+    "mud at low tide by about a third.\n\n[page 2]\nSediment cores from flat 5 show finer "
+    "silt than in 2024. Recommendation: move the autumn count a week earlier, and add two "
+    "transects on flat 6, which is still widening.")
+
+
+def documents_sample(store: Store) -> tuple[int, Document]:
+    """A field report attached to a question, asked a second way beside it (the active
+    version), each answered; and a contract waiting to go with the next message."""
+    from engine.core.attachments import DOCUMENTS, Document, DocumentKind
+    from engine.core.tree import Role, Tree
+
+    report = Document("elbe-spring-survey.pdf", DocumentKind.PDF, REPORT, "e" * 64, 48_213)
+    tree = Tree("You help an ecologist read field reports.")
+    first = tree.add_child(tree.root_id, Role.USER, "Summarise the report in two lines.")
+    first.meta[DOCUMENTS] = [report.to_meta()]
+    tree.add_child(first.id, Role.ASSISTANT,
+                   "Wading birds fell from 1,610 to 1,240, most on flats 4 and 5 where channel "
+                   "deepening narrowed the mud. The report advises an earlier autumn count.")
+    second = tree.add_sibling(first.id, "Which flat should we watch, and why?")
+    second.meta[DOCUMENTS] = [report.to_meta()]
+    tree.add_child(second.id, Role.ASSISTANT,
+                   "**Flat 6**: it is still widening while flats 4 and 5 shrink, so the report "
+                   "adds two transects there. Flat 5's finer silt is worth a second core.")
+    contract = Document("survey-contract.docx", DocumentKind.DOCX, "Notice: 30 days.", "f" * 64,
+                        18_944)
+    return store.create(tree, title="Elbe spring survey"), contract
 
 
 def stage_downloads(downloads: Downloads) -> None:

@@ -67,7 +67,7 @@ def test_a_dropped_document_goes_with_the_next_message_and_shows_folded_above_it
     split = reasoning_of(row)
     assert split is not None and split.answer == "When do we ship?"
     assert reasoning_label(row, split) == documents_label(docs) == \
-        "📄 2 documents: notes.md, page.html"
+        "2 documents: notes.md, page.html"
     win.chat.toggle_reasoning(user.id)
     doc = painted_document(win.chat, user.id)
     assert doc.reasoning is not None and doc.reasoning.document is not None
