@@ -12,11 +12,12 @@
 from __future__ import annotations
 
 import logging
+import sys
 from collections.abc import Callable
 from pathlib import Path
 
 from PySide6.QtCore import QByteArray, QSettings, Qt, QUrl, Signal, Slot
-from PySide6.QtGui import QCloseEvent, QDesktopServices, QDragEnterEvent, QDropEvent
+from PySide6.QtGui import QAction, QCloseEvent, QDesktopServices, QDragEnterEvent, QDropEvent
 from PySide6.QtWidgets import (
     QDialog,
     QDockWidget,
@@ -75,6 +76,9 @@ from engine.storage.store import Store
 from engine.storage.transfer import FileFormat
 
 log = logging.getLogger(__name__)
+# The chat's message actions whose keys also work in the composer, on the last message.
+COMPOSER_ACTIONS = ("edit", "regenerate", "copy", "copy_code", "toggle_reasoning",
+                    "previous_variant", "next_variant")
 
 
 class MainWindow(QMainWindow):
@@ -142,6 +146,7 @@ class MainWindow(QMainWindow):
         self.actions_by_name = make_actions(Scope.WINDOW, self, self._slots())
         self._build_menus()
         self._connect()
+        self._composer_keys()
         self._restore_geometry()
         self.controller.open_first()
         self.api.apply(settings)
@@ -231,6 +236,30 @@ class MainWindow(QMainWindow):
         self._apply_icons()
         theme_events.changed.connect(self._apply_icons)
         self._update_actions()
+
+    def _composer_keys(self) -> None:
+        """The keys of the chat's message actions that a text box has no use for (Ctrl+R,
+        Ctrl+E, F2, Alt+Left/Right, Ctrl+Shift+C...) work in the composer too, on the last
+        message: a user who has just read a reply regenerates it without leaving the box.
+        Keys that edit text there (Delete, Ctrl+Backspace) stay the text box's."""
+        names = COMPOSER_ACTIONS if sys.platform != "darwin" else tuple(
+            n for n in COMPOSER_ACTIONS if not n.endswith("_variant"))  # Option+arrows: words
+        for name in names:
+            proxy = QAction(self.composer)
+            proxy.setShortcuts(self.chat.action(name).shortcuts())
+            proxy.setShortcutContext(Qt.ShortcutContext.WidgetShortcut)
+            proxy.triggered.connect(lambda _checked=False, n=name: self._on_last_message(n))
+            self.composer.addAction(proxy)
+
+    def _on_last_message(self, name: str) -> None:
+        model = self.chat.model()
+        count = model.rowCount()
+        if not count:
+            return
+        self.chat.setCurrentIndex(model.index(count - 1))
+        action = self.chat.action(name)
+        if action.isEnabled():
+            action.trigger()
 
     @Slot()
     def _apply_icons(self) -> None:

@@ -195,3 +195,28 @@ def test_closing_while_answering_saves_the_partial_reply(
     with Store(db) as store:
         reply = store.load(cid).message(1)
     assert reply.status is NodeStatus.INTERRUPTED
+
+
+def test_the_message_keys_work_from_the_composer_on_the_last_message(
+    qtbot: QtBot, fake_window: MainWindow
+) -> None:
+    """Ctrl+R in the composer regenerates the reply just read; Alt+Left shows the version
+    before; Ctrl+E edits the last message. Delete and Ctrl+Backspace still edit the text."""
+    win = fake_window
+    send(qtbot, win, "Hello")
+    win.composer.setFocus()
+    qtbot.waitUntil(win.composer.hasFocus, timeout=TIMEOUT)
+    with qtbot.waitSignal(win.reply_finished, timeout=TIMEOUT):
+        qtbot.keyClick(win.composer, Qt.Key.Key_R, Qt.KeyboardModifier.ControlModifier)
+    reply = win.tree.messages()[-1]
+    assert win.tree.siblings(reply.id).index(reply.id) == 1  # the second version
+    qtbot.keyClick(win.composer, Qt.Key.Key_Left, Qt.KeyboardModifier.AltModifier)
+    qtbot.waitUntil(lambda: win.tree.messages()[-1].id != reply.id, timeout=TIMEOUT)
+    win.composer.setFocus()
+    win.composer.setPlainText("abc def")
+    cursor = win.composer.textCursor()
+    cursor.movePosition(cursor.MoveOperation.End)
+    win.composer.setTextCursor(cursor)
+    qtbot.keyClick(win.composer, Qt.Key.Key_Backspace, Qt.KeyboardModifier.ControlModifier)
+    assert win.composer.toPlainText() == "abc "
+    assert len(win.tree.messages()) == 2  # not a rewind
