@@ -85,6 +85,16 @@ class ContextGauge(QObject):
             signal.connect(self.update)
         self.update()
 
+    def document_room(self) -> int | None:
+        """The characters of documents the next message has room for: the context less the
+        branch and the reply's room, at CHARS_PER_TOKEN (an over-estimate of tokens); None
+        with no model loaded."""
+        fill = self.fill
+        if fill is None:
+            return None
+        free = fill.n_ctx - fill.tokens - max(fill.room, 256)
+        return max(0, free) * CHARS_PER_TOKEN
+
     @Slot()
     def update(self, *_args: object) -> None:
         model = self.controller.replies.model

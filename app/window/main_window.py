@@ -285,7 +285,7 @@ class MainWindow(QMainWindow):
             self.attachments.documents, self.attachments.reading))
         self.attachments.refused.connect(self._on_attachment_refused)
         self.attachments.too_long.connect(self._on_document_too_long)
-        self.attachments.room = self._document_room
+        self.attachments.room = self.context_gauge.document_room
         self.attachment_strip.removed.connect(self.attachments.remove)
         self.attachment_strip.cancel_requested.connect(self.attachments.cancel)
         self.send_button.clicked.connect(self._on_send_clicked)
@@ -389,15 +389,6 @@ class MainWindow(QMainWindow):
             self, "Attach documents", "", f"Documents ({names});;All files (*)")
         if paths:
             self.attachments.add([Path(p) for p in paths])
-
-    def _document_room(self) -> int | None:
-        """The characters of documents the next message has room for: the context less the
-        branch and the reply's room, at CHARS_PER_TOKEN (an over-estimate of tokens)."""
-        fill = self.context_gauge.fill
-        if fill is None:
-            return None
-        free = fill.n_ctx - fill.tokens - max(fill.room, 256)
-        return max(0, free) * CHARS_PER_TOKEN
 
     @Slot(object, int)
     def _on_document_too_long(self, document: Document, room: int) -> None:

@@ -33,15 +33,15 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import time
-import uuid
 from collections.abc import Sequence
 from pathlib import Path
 
 import gguf
 import numpy as np
 import numpy.typing as npt
+
+from engine.bench.random_models import gguf_written
 
 logger = logging.getLogger(__name__)
 
@@ -148,11 +148,7 @@ def write_tiny_projector(
 
     started = time.perf_counter()
     out_path = Path(out_path)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    # A unique sibling name (not mkstemp, whose 0600 mode would stick to the result).
-    tmp_path = out_path.with_name(f".{out_path.name}.{os.getpid()}.{uuid.uuid4().hex}.tmp")
-    try:
-        writer = gguf.GGUFWriter(tmp_path, gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.MMPROJ])
+    with gguf_written(out_path, gguf.MODEL_ARCH_NAMES[gguf.MODEL_ARCH.MMPROJ]) as writer:
         writer.add_name(f"arbor-tiny-mmproj-{n_block}x{width}-to-{n_embd_text}")
         writer.add_file_type(gguf.LlamaFileType.ALL_F32)
         writer.add_clip_has_vision_encoder(True)
@@ -173,14 +169,6 @@ def write_tiny_projector(
                                  patch_size=patch_size)
         for name, array in tensors.items():
             writer.add_tensor(name, np.ascontiguousarray(array))
-        writer.write_header_to_file()
-        writer.write_kv_data_to_file()
-        writer.write_tensors_to_file()
-        writer.close()
-        os.replace(tmp_path, out_path)
-    except BaseException:
-        tmp_path.unlink(missing_ok=True)
-        raise
     logger.info(
         "wrote %s (mmproj %s, %d blocks, width %d, %d tokens per image, n_embd %d, %.0f KB) "
         "in %.2f s",

@@ -69,16 +69,16 @@ class NodeView:
     tokens: tuple[int, ...] | None
     open_len: int | None = None
     prompt_len: int | None = None  # where the reply's generation prompt ends
-    tool: str | None = None  # JSON of the meta the engine reads (ENGINE_META), if any
+    meta: str | None = None  # JSON of the meta the engine reads (ENGINE_META), if any
 
     @staticmethod
     def of(node: Node, *, id: int | None = None) -> NodeView:
         open_len, prompt_len = node.meta.get("open_len"), node.meta.get("prompt_len")
-        tool = {k: node.meta[k] for k in ENGINE_META if k in node.meta}
+        read = {k: node.meta[k] for k in ENGINE_META if k in node.meta}
         return NodeView(node.id if id is None else id, node.role, node.text, node.tokens,
                         open_len if isinstance(open_len, int) else None,
                         prompt_len if isinstance(prompt_len, int) else None,
-                        json.dumps(tool) if tool else None)
+                        json.dumps(read) if read else None)
 
     def to_node(self, id: int | None = None) -> Node:
         """A private, mutable copy for the engine (under `id`, if given)."""
@@ -87,8 +87,8 @@ class NodeView:
             meta["open_len"] = self.open_len
         if self.prompt_len is not None:
             meta["prompt_len"] = self.prompt_len
-        if self.tool is not None:
-            meta.update(json.loads(self.tool))
+        if self.meta is not None:
+            meta.update(json.loads(self.meta))
         return Node(id=self.id if id is None else id, parent=None, role=self.role,
                     text=self.text, created=0.0,
                     tokens=self.tokens, meta=meta)
